@@ -1,0 +1,35 @@
+# Two commands for a fresh machine: `make demo` (the main job on the embedded default) and `make test`.
+# Both create .venv and install everything: torch is pinned and installed *before* the project so that
+# no resolver pulls a multi-GB CUDA build.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_VERSION ?= 2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==$(TORCH_VERSION)
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/dreamgym demo $(DEMO_ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests $(TEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check dreamgym tests benchmarks
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_shop.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,130 @@
+"""Run scripted policies in an environment: collect offline trajectories and score policies.
+
+This is the plain single-episode loop (reset, act, step until done) that offline data collection and
+the scripted-policy evaluation share. Batched LLM rollouts live in ``dreamgym.rl.rollout``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from dreamgym.envs.base import ScriptedPolicy, TextEnv
+from dreamgym.types import Source, Task, Trajectory, Transition
+
+
+def run_episode(
+    env: TextEnv,
+    policy: ScriptedPolicy,
+    task: Task | None = None,
+    seed: int | None = None,
+    split: str = "train",
+    source: Source = "real",
+) -> Trajectory:
+    """Play one episode of ``task`` and return it as a :class:`Trajectory`."""
+    obs, info = env.reset(seed=seed, options={"task": task, "split": split})
+    task = info["task"]
+    assert task is not None, "env.reset() must set info['task']"
+    policy.reset(env, task)
+    transitions: list[Transition] = []
+    success = False
+    invalid = 0
+    while True:
+        action = policy.act(obs, info)
+        next_obs, reward, terminated, truncated, info = env.step(action)
+        invalid += int(bool(info.get("invalid_action")))
+        done = terminated or truncated
+        step_info: dict[str, Any] = {"invalid_action": bool(info.get("invalid_action"))}
+        if truncated:
+            step_info["truncated"] = True
+        transitions.append(
+            Transition(state=obs, action=action, next_state=next_obs, reward=reward, done=done, info=step_info)
+        )
+        obs = next_obs
+        if done:
+            success = bool(info.get("success"))
+            break
+    return Trajectory(
+        task=task,
+        transitions=transitions,
+        success=success,
+        source=source,
+        policy=policy.name,
+        meta={"env": env.name, "seed": seed, "split": split, "invalid_actions": invalid},
+    )
+
+
+def episode_tasks(env: TextEnv, split: str, episodes: int, seed: int) -> list[Task | None]:
+    """The tasks of ``episodes`` episodes: the split's tasks in a seeded order, cycling if needed."""
+    import random
+
+    pool = env.tasks(split)
+    if not pool:
+        return [None] * episodes
+    order = list(range(len(pool)))
+    random.Random(seed).shuffle(order)
+    return [pool[order[i % len(order)]] for i in range(episodes)]
+
+
+def iter_episodes(
+    env: TextEnv,
+    policy: ScriptedPolicy,
+    episodes: int,
+    split: str = "train",
+    seed: int = 0,
+    skip: int = 0,
+) -> Iterator[Trajectory]:
+    """Yield ``episodes`` trajectories; episode ``i`` uses seed ``seed + i`` (so ``skip`` resumes exactly)."""
+    tasks = episode_tasks(env, split, episodes, seed)
+    for i in range(skip, episodes):
+        yield run_episode(env, policy, tasks[i], seed=seed + i, split=split)
+
+
+@dataclass
+class EvalResult:
+    episodes: int
+    success_rate: float
+    mean_reward: float
+    mean_steps: float
+    invalid_action_rate: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "episodes": self.episodes,
+            "success_rate": self.success_rate,
+            "mean_reward": self.mean_reward,
+            "mean_steps": self.mean_steps,
+            "invalid_action_rate": self.invalid_action_rate,
+        }
+
+
+def summarize(trajs: list[Trajectory]) -> EvalResult:
+    n = len(trajs)
+    if n == 0:
+        return EvalResult(0, 0.0, 0.0, 0.0, 0.0)
+    steps = sum(t.num_steps for t in trajs)
+    invalid = sum(sum(bool(x.info.get("invalid_action")) for x in t.transitions) for t in trajs)
+    return EvalResult(
+        episodes=n,
+        success_rate=sum(t.success for t in trajs) / n,
+        mean_reward=sum(t.total_reward for t in trajs) / n,
+        mean_steps=steps / n,
+        invalid_action_rate=invalid / max(steps, 1),
+    )
+
+
+def evaluate(
+    env: TextEnv,
+    policy: ScriptedPolicy,
+    episodes: int,
+    split: str = "test",
+    seed: int = 0,
+    on_episode: Callable[[Trajectory], None] | None = None,
+) -> EvalResult:
+    trajs = []
+    for t in iter_episodes(env, policy, episodes, split=split, seed=seed):
+        trajs.append(t)
+        if on_episode:
+            on_episode(t)
+    return summarize(trajs)

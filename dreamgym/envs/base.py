@@ -1,0 +1,215 @@
+"""The text-environment protocol every dreamgym environment speaks (real ones and the dream alike).
+
+Gymnasium semantics with text observations and text actions:
+
+* ``reset(seed=None, options={"task": Task | task_id | None, "split": "train"|"test"}) -> (obs, info)``
+* ``step(action: str) -> (obs, reward, terminated, truncated, info)``
+
+``info`` always carries ``admissible_actions`` (list[str]), ``success`` (bool), ``invalid_action`` (bool)
+and ``task`` (the :class:`~dreamgym.types.Task` being played). Observations are *abstract states*: one
+actionable element per line, ``[id] type: text`` (see :func:`format_elements`), optionally preceded by a
+short header line. An invalid or malformed action never raises: the state stays, the reward is 0 and
+``info["invalid_action"]`` is True.
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import gymnasium as gym
+
+from dreamgym.types import Task
+
+# Text spaces: Gymnasium's Text space needs a charset; we accept any printable text up to a length.
+MAX_TEXT = 1 << 16
+
+
+def text_space() -> gym.spaces.Text:
+    import string
+
+    return gym.spaces.Text(max_length=MAX_TEXT, min_length=0, charset=string.printable + "—–’“”€£é")
+
+
+@dataclass(frozen=True)
+class Element:
+    """One actionable (or informative) element of an abstract state: ``[id] type: text``."""
+
+    id: str
+    type: str
+    text: str
+
+    def render(self) -> str:
+        return f"[{self.id}] {self.type}: {self.text}"
+
+
+def format_elements(elements: Sequence[Element], header: str | None = None) -> str:
+    lines = [header] if header else []
+    lines.extend(e.render() for e in elements)
+    return "\n".join(lines)
+
+
+@runtime_checkable
+class StateMapper(Protocol):
+    """Turns a real observation (HTML, a page object, a game's text) into the abstract textual state."""
+
+    def __call__(self, observation: Any, info: dict[str, Any]) -> str: ...
+
+
+class TextEnv(gym.Env[str, str]):
+    """Base class of dreamgym environments. Subclasses implement ``_reset`` and ``_step``.
+
+    ``tasks(split)`` lists the environment's own task set (may be empty for envs that create tasks
+    on the fly); ``max_steps`` truncates an episode.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": ["ansi"]}
+    name: str = "text"
+
+    def __init__(self, max_steps: int = 15) -> None:
+        super().__init__()
+        self.observation_space = text_space()
+        self.action_space = text_space()
+        self.max_steps = max_steps
+        self.steps = 0
+        self.task: Task | None = None
+        self._last_obs = ""
+        self._last_info: dict[str, Any] = {}
+
+    # -- to implement -----------------------------------------------------------------------------
+    def tasks(self, split: str = "train") -> list[Task]:
+        return []
+
+    def _reset(self, task: Task | None, split: str) -> tuple[str, dict[str, Any]]:
+        raise NotImplementedError
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        """Return ``(obs, reward, terminated, info)``; the base class adds truncation and bookkeeping."""
+        raise NotImplementedError
+
+    # -- Gymnasium API ----------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        options = options or {}
+        split = str(options.get("split", "train"))
+        task = options.get("task")
+        if isinstance(task, str):
+            task = self.get_task(task)
+        elif isinstance(task, dict):
+            task = Task.model_validate(task)
+        if task is None:
+            pool = self.tasks(split)
+            if pool:
+                task = pool[int(self.np_random.integers(len(pool)))]
+        self.steps = 0
+        obs, info = self._reset(task, split)
+        info = self._fill_info(info)
+        self._last_obs, self._last_info = obs, info
+        return obs, info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self.task is None and not self._last_info:
+            raise RuntimeError("step() called before reset()")
+        self.steps += 1
+        obs, reward, terminated, info = self._step(str(action))
+        info = self._fill_info(info)
+        truncated = (not terminated) and self.steps >= self.max_steps
+        self._last_obs, self._last_info = obs, info
+        return obs, float(reward), bool(terminated), bool(truncated), info
+
+    def render(self) -> str:  # type: ignore[override]
+        return self._last_obs
+
+    @property
+    def observation(self) -> str:
+        return self._last_obs
+
+    @property
+    def last_info(self) -> dict[str, Any]:
+        return self._last_info
+
+    def get_task(self, task_id: str) -> Task:
+        for split in ("train", "test"):
+            for t in self.tasks(split):
+                if t.task_id == task_id:
+                    return t
+        raise KeyError(f"unknown task id {task_id!r} for env {self.name!r}")
+
+    def _fill_info(self, info: dict[str, Any]) -> dict[str, Any]:
+        info.setdefault("admissible_actions", [])
+        info.setdefault("success", False)
+        info.setdefault("invalid_action", False)
+        info.setdefault("task", self.task)
+        info.setdefault("steps", self.steps)
+        return info
+
+    # -- scripted policies ------------------------------------------------------------------------
+    def scripted_policy(self, name: str, seed: int = 0, **kwargs: Any) -> ScriptedPolicy:
+        """A scripted policy for this env by name. ``random`` is available everywhere."""
+        if name == "random":
+            return RandomPolicy(seed=seed)
+        raise ValueError(f"env {self.name!r} has no scripted policy {name!r} (has: random)")
+
+
+class ScriptedPolicy(Protocol):
+    """A non-learned policy used to collect offline data or as a reference (oracle, random, noisy)."""
+
+    name: str
+
+    def reset(self, env: TextEnv, task: Task | None) -> None: ...
+
+    def act(self, obs: str, info: dict[str, Any]) -> str: ...
+
+
+class RandomPolicy:
+    """Uniform over the admissible actions (falls back to a no-op string when there are none)."""
+
+    name = "random"
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+
+    def reset(self, env: TextEnv, task: Task | None) -> None:
+        pass
+
+    def act(self, obs: str, info: dict[str, Any]) -> str:
+        actions = info.get("admissible_actions") or []
+        return self.rng.choice(actions) if actions else "noop"
+
+
+# ------------------------------------------------------------------------------------------ registry
+
+EnvFactory = Callable[..., TextEnv]
+_REGISTRY: dict[str, str | EnvFactory] = {}
+
+
+def register(name: str, entry_point: str | EnvFactory) -> None:
+    """Register an env under ``name``; ``entry_point`` is a factory or a lazy ``"module:attr"`` string.
+
+    Also registers it with Gymnasium as ``dreamgym/<name>`` so ``gymnasium.make`` works too.
+    """
+    _REGISTRY[name] = entry_point
+    gym_id = f"dreamgym/{name}-v0"
+    if gym_id not in gym.registry:
+        gym.register(id=gym_id, entry_point=entry_point, disable_env_checker=True)  # type: ignore[arg-type]
+
+
+def registered() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make(name: str, **kwargs: Any) -> TextEnv:
+    """Create a registered environment: ``make("shop", num_products=1000)``."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown env {name!r}; registered: {', '.join(registered()) or 'none'}")
+    ep = _REGISTRY[name]
+    if isinstance(ep, str):
+        module, _, attr = ep.partition(":")
+        ep = getattr(importlib.import_module(module), attr)
+    env = ep(**kwargs)
+    if not isinstance(env, TextEnv):
+        raise TypeError(f"entry point for {name!r} returned {type(env).__name__}, not a TextEnv")
+    return env
