@@ -13,6 +13,7 @@ from rich.console import Console
 
 from dreamgym.cli import buffer as _buffer
 from dreamgym.cli import data as _data
+from dreamgym.cli import demo as _demo
 from dreamgym.cli import env as _env
 from dreamgym.cli import model as _model
 
@@ -25,7 +26,7 @@ app = typer.Typer(
 )
 err = Console(stderr=True)
 
-for _mod in (_data, _env, _model, _buffer):
+for _mod in (_data, _demo, _env, _model, _buffer):
     _mod.register(app)
 
 

@@ -1,0 +1,3 @@
+from dreamgym.cli import main
+
+main()

@@ -1,0 +1,73 @@
+"""CLI: ``dreamgym env play`` (a person plays an episode) and ``dreamgym env serve`` (AgentGym protocol)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from rich.console import Console
+
+env_app = typer.Typer(help="Play or serve environments.", no_args_is_help=True)
+console = Console()
+
+
+def parse_env_args(pairs: list[str] | None) -> dict[str, Any]:
+    """``["num_products=1000", "name=x"]`` -> kwargs, with ints/floats/bools parsed."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for p in pairs or []:
+        key, sep, value = p.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--env-arg expects key=value, got {p!r}")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+@env_app.command("list")
+def list_envs() -> None:
+    """List the registered environments."""
+    from dreamgym.envs import registered
+
+    for name in registered():
+        console.print(name)
+
+
+@env_app.command("play")
+def play(
+    name: str = typer.Argument("shop", help="registered env name"),
+    split: str = typer.Option("test", help="task split"),
+    seed: int = typer.Option(0, help="episode seed"),
+    env_arg: list[str] = typer.Option(None, "--env-arg", help="env constructor argument key=value"),
+) -> None:
+    """Play one episode in the terminal: type an action (or its number), `q` to quit."""
+    from dreamgym.envs import make
+
+    env = make(name, **parse_env_args(env_arg))
+    obs, info = env.reset(seed=seed, options={"split": split})
+    task = info["task"]
+    if task is not None:
+        console.print(f"[bold]Task:[/bold] {task.instruction}")
+    total = 0.0
+    while True:
+        console.print(obs, highlight=False, markup=False)
+        actions = info.get("admissible_actions", [])
+        for i, a in enumerate(actions):
+            console.print(f"  {i:>2}. {a}", highlight=False, markup=False)
+        raw = typer.prompt("action").strip()
+        if raw in {"q", "quit", "exit"}:
+            break
+        action = actions[int(raw)] if raw.isdigit() and int(raw) < len(actions) else raw
+        obs, reward, terminated, truncated, info = env.step(action)
+        total += reward
+        if info.get("invalid_action"):
+            console.print("[yellow]invalid action[/yellow]")
+        if terminated or truncated:
+            console.print(obs, highlight=False, markup=False)
+            console.print(f"[bold]done[/bold] reward={reward:.3f} success={info.get('success')} steps={env.steps}")
+            break
+    env.close()
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(env_app, name="env")
