@@ -18,7 +18,7 @@ import importlib
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import gymnasium as gym
 
@@ -66,7 +66,7 @@ class TextEnv(gym.Env[str, str]):
     on the fly); ``max_steps`` truncates an episode.
     """
 
-    metadata: dict[str, Any] = {"render_modes": ["ansi"]}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
     name: str = "text"
 
     def __init__(self, max_steps: int = 15) -> None:
@@ -120,7 +120,7 @@ class TextEnv(gym.Env[str, str]):
         self._last_obs, self._last_info = obs, info
         return obs, float(reward), bool(terminated), bool(truncated), info
 
-    def render(self) -> str:  # type: ignore[override]
+    def render(self) -> str:
         return self._last_obs
 
     @property
@@ -194,7 +194,7 @@ def register(name: str, entry_point: str | EnvFactory) -> None:
     _REGISTRY[name] = entry_point
     gym_id = f"dreamgym/{name}-v0"
     if gym_id not in gym.registry:
-        gym.register(id=gym_id, entry_point=entry_point, disable_env_checker=True)  # type: ignore[arg-type]
+        gym.register(id=gym_id, entry_point=entry_point, disable_env_checker=True)
 
 
 def registered() -> list[str]:

@@ -1,0 +1,137 @@
+"""The shop's pages and their abstract textual rendering (the state mapper).
+
+A :class:`ShopState` says where the buyer is (WebShop keeps the same in its URLs); :func:`build_page` turns it
+into a :class:`Page`: the elements shown, and what each clickable element does. :class:`ShopStateMapper`
+renders a page as the abstract state, one element per line::
+
+    [1] text: Page 1 (results 1-5 of 50)
+    [2] button: Back to Search
+    [3] button: Next >
+    [4] link: B0K2Q9ZD — Ravemi Slim Fit T-Shirt, Cotton | $24.99
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from dreamgym.envs.base import Element, format_elements
+from dreamgym.envs.shop.catalog import Catalog
+
+PageKind = Literal["search", "results", "item", "description", "features", "done"]
+SENTENCE_END = re.compile(r"(?<=\.)\s+")
+ClickKind = Literal["back_to_search", "next", "prev", "item", "option", "description", "features", "buy"]
+
+
+@dataclass(frozen=True)
+class ShopState:
+    """Everything a page is rendered from; the env moves between states, never mutates one."""
+
+    page: PageKind = "search"
+    examples: tuple[str, ...] = ()  # example queries offered as admissible actions on the search page
+    query: str = ""
+    results: tuple[int, ...] = ()  # catalog indices, best first
+    page_no: int = 1
+    item: int | None = None  # catalog index of the product on an item/description/features/done page
+    selected: tuple[tuple[str, str], ...] = ()  # (option name, value) chosen on the item page
+    score: float = 0.0  # the purchase reward, shown on the done page
+
+
+@dataclass(frozen=True)
+class Click:
+    """The effect of clicking one element."""
+
+    kind: ClickKind
+    item: int | None = None  # for "item"
+    option: tuple[str, str] | None = None  # (name, value) for "option"
+
+
+@dataclass
+class Page:
+    kind: PageKind
+    elements: list[Element] = field(default_factory=list)
+    clicks: dict[str, Click] = field(default_factory=dict)  # lower-case click target -> effect, in page order
+    searchable: bool = False  # whether ``search[...]`` is valid here (the search page only, as in WebShop)
+    examples: tuple[str, ...] = ()
+
+    def add(self, type_: str, text: str, click: str | None = None, effect: Click | None = None) -> None:
+        self.elements.append(Element(str(len(self.elements) + 1), type_, text))
+        if click is not None and effect is not None:
+            self.clicks[click.lower()] = effect
+
+    def admissible_actions(self) -> list[str]:
+        return [f"search[{q}]" for q in self.examples] + [f"click[{target}]" for target in self.clicks]
+
+
+def _button(page: Page, label: str, effect: Click) -> None:
+    page.add("button", label, label, effect)
+
+
+def _money(price: float) -> str:
+    return f"${price:.2f}"
+
+
+def build_page(state: ShopState, catalog: Catalog, results_per_page: int) -> Page:
+    """The page of ``state``: its elements, in display order, and its click table."""
+    page = Page(state.page, searchable=state.page == "search", examples=state.examples)
+    if state.page == "search":
+        page.add("searchbox", "search[your query]")
+    elif state.page == "results":
+        _results(page, state, catalog, results_per_page)
+    elif state.page in ("item", "description", "features", "done"):
+        assert state.item is not None, f"a {state.page} page needs an item"
+        product = catalog.products[state.item]
+        if state.page == "item":
+            page.add("text", f"{product.asin} — {product.title}")
+            page.add("text", f"Price: {_money(product.price)}")
+            selected = dict(state.selected)
+            for name, values in product.options:
+                for value in values:
+                    mark = " (selected)" if selected.get(name) == value else ""
+                    page.add("option", f"{name}={value}{mark}", value, Click("option", option=(name, value)))
+            _button(page, "Description", Click("description"))
+            _button(page, "Features", Click("features"))
+            _button(page, "Buy Now", Click("buy"))
+        elif state.page == "description":
+            for sentence in SENTENCE_END.split(product.description):  # one short line per sentence
+                page.add("text", sentence)
+        elif state.page == "features":
+            for feature in product.features:
+                page.add("text", feature)
+        else:
+            chosen = ", ".join(f"{n}={v}" for n, v in state.selected) or "no options"
+            page.add("text", f"Thank you for shopping! You bought {product.asin} ({chosen})")
+            page.add("text", f"Your score (min 0.0, max 1.0): {state.score:.2f}")
+        if state.page != "done":
+            _button(page, "< Prev", Click("prev"))
+            _button(page, "Back to Search", Click("back_to_search"))
+    return page
+
+
+def _results(page: Page, state: ShopState, catalog: Catalog, per_page: int) -> None:
+    total = len(state.results)
+    if total == 0:
+        page.add("text", f'No results for "{state.query}"')
+        _button(page, "Back to Search", Click("back_to_search"))
+        return
+    first = (state.page_no - 1) * per_page
+    shown = state.results[first : first + per_page]
+    page.add("text", f"Page {state.page_no} (results {first + 1}-{first + len(shown)} of {total})")
+    _button(page, "Back to Search", Click("back_to_search"))
+    if state.page_no > 1:
+        _button(page, "< Prev", Click("prev"))
+    if first + per_page < total:
+        _button(page, "Next >", Click("next"))
+    for index in shown:
+        product = catalog.products[index]
+        page.add("link", f"{product.asin} — {product.title} | {_money(product.price)}", product.asin, Click("item", index))
+
+
+class ShopStateMapper:
+    """Renders a :class:`Page` as the abstract textual state (implements ``dreamgym.envs.base.StateMapper``)."""
+
+    def __call__(self, observation: Any, info: dict[str, Any]) -> str:
+        if not isinstance(observation, Page):
+            raise TypeError(f"ShopStateMapper renders shop Page objects, got {type(observation).__name__}")
+        return format_elements(observation.elements)

@@ -1,0 +1,106 @@
+"""Scripted shop policies for offline data: ``oracle``, ``noisy`` (oracle + random steps) and ``random``.
+
+The oracle reads the goal from the task (it is the oracle) and the page it is on from the env, but acts only
+through ordinary action strings. It is reactive — each action depends on the current page only, plus the
+queries it has already tried — so it recovers from the random detours the noisy policy takes.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from dreamgym.envs.base import RandomPolicy, ScriptedPolicy, TextEnv
+from dreamgym.envs.shop.reward import ShopGoal, satisfies
+from dreamgym.types import Task
+
+
+class OraclePolicy:
+    """Search with a query from the goal, scan up to ``scan_pages`` result pages for the target or an equivalent
+    product (one that earns reward 1), open it, select the goal's options and buy. If no page shows one,
+    search again by the target's title."""
+
+    name = "oracle"
+
+    def __init__(self, seed: int = 0, scan_pages: int = 2) -> None:
+        self.seed = seed  # accepted for a uniform factory signature: the oracle is deterministic
+        self.scan_pages = scan_pages
+        self.queries: list[str] = []
+
+    def reset(self, env: TextEnv, task: Task | None) -> None:
+        from dreamgym.envs.shop.env import ShopEnv
+
+        if not isinstance(env, ShopEnv) or task is None:
+            raise TypeError("the shop oracle plays a ShopEnv task")
+        self.env, self.goal = env, ShopGoal.from_dict(task.goal, task.task_id)
+        self.queries = []
+
+    def _query_plan(self) -> list[str]:
+        plan = [" ".join([self.goal.category, *self.goal.attributes, *self.goal.options.values()])]
+        if self.goal.asin is not None:
+            plan.append(self.env.catalog.get(self.goal.asin).title)
+        return plan
+
+    def act(self, obs: str, info: dict[str, Any]) -> str:
+        state, page, catalog = self.env.state, self.env.page, self.env.catalog
+        if state.page == "search":
+            plan = self._query_plan()
+            query = plan[min(len(self.queries), len(plan) - 1)]
+            self.queries.append(query)
+            return f"search[{query}]"
+        if state.page == "results":
+            if state.query not in self.queries:  # a detour: not one of ours
+                return "click[back to search]"
+            shown = [(target, click.item) for target, click in page.clicks.items() if click.kind == "item"]
+            matches = [t for t, i in shown if i is not None and satisfies(self.goal, catalog.products[i])]
+            target = (self.goal.asin or "").lower()
+            if matches:
+                return f"click[{target if target in matches else matches[0]}]"
+            if state.page_no < self.scan_pages and "next >" in page.clicks:
+                return "click[next >]"
+            return "click[back to search]"
+        if state.page == "item":
+            product = self.env.product
+            if product is None or not satisfies(self.goal, product):
+                return "click[< prev]"
+            selected = dict(state.selected)
+            for name, value in self.goal.options.items():
+                if selected.get(name) != value:
+                    return f"click[{value}]"
+            return "click[buy now]"
+        return "click[< prev]"  # description / features
+
+
+class NoisyPolicy:
+    """The oracle, except that at each step with probability ``noise`` it takes a uniformly random admissible
+    action instead: a realistic mix of successes and failures for offline data."""
+
+    name = "noisy"
+
+    def __init__(self, seed: int = 0, noise: float = 0.3, scan_pages: int = 2) -> None:
+        if not 0.0 <= noise <= 1.0:
+            raise ValueError(f"noise must be in [0, 1], got {noise}")
+        self.noise = noise
+        self.rng = random.Random(seed)
+        self.oracle = OraclePolicy(seed=seed, scan_pages=scan_pages)
+
+    def reset(self, env: TextEnv, task: Task | None) -> None:
+        self.oracle.reset(env, task)
+
+    def act(self, obs: str, info: dict[str, Any]) -> str:
+        actions = info.get("admissible_actions") or []
+        if actions and self.rng.random() < self.noise:
+            return str(self.rng.choice(actions))
+        return self.oracle.act(obs, info)
+
+
+def make_policy(name: str, seed: int = 0, **kwargs: Any) -> ScriptedPolicy:
+    """A shop policy by name; ``kwargs`` go to its constructor (e.g. ``noise=0.3`` for ``noisy``)."""
+    policies: dict[str, Any] = {"oracle": OraclePolicy, "noisy": NoisyPolicy, "random": RandomPolicy}
+    if name not in policies:
+        raise ValueError(f"shop has no scripted policy {name!r} (has: {', '.join(policies)})")
+    try:
+        policy: ScriptedPolicy = policies[name](seed=seed, **kwargs)
+    except TypeError as e:
+        raise ValueError(f"bad arguments for shop policy {name!r}: {e}") from None
+    return policy

@@ -1,0 +1,1 @@
+"""Training routines shared by the experience model and the policy (SFT)."""
