@@ -18,7 +18,7 @@ import importlib
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import gymnasium as gym
 
@@ -66,7 +66,7 @@ class TextEnv(gym.Env[str, str]):
     on the fly); ``max_steps`` truncates an episode.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    metadata: dict[str, Any] = {"render_modes": ["ansi"]}  # noqa: RUF012 (gymnasium declares it an instance var)
     name: str = "text"
 
     def __init__(self, max_steps: int = 15) -> None:
