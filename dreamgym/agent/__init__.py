@@ -1,0 +1,1 @@
+"""The LLM agent (policy): prompt, action parsing, batched acting."""

@@ -1,0 +1,173 @@
+"""The LLM agent: the paper's agent prompt, robust action extraction, and batched acting with token ids.
+
+Prompt (chat messages; the paper's App. C agent prompt, made compact for small models):
+
+    system: role + output format
+    user:   TASK: <instruction>
+            STEP: <n previous steps>
+            HISTORY: <last `history_window` actions, oldest first>   (states only for the current step)
+            STATE: <current abstract state>
+            ACTIONS: <admissible actions, ' | '-separated>          (when `show_admissible`)
+
+Output: ``<think>…</think><action>…</action>`` with thinking optional (off for tiny models), so the target of
+behaviour cloning for a step is ``<action>click[b0abc]</action>``. Generation stops at ``</action>``.
+
+``LLMPolicy.act`` keeps exactly what the model generated (prompt ids, response ids, per-token log-probs) for
+RL: nothing is re-tokenised between acting and training.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dreamgym.llm.base import LLM, ChatMessages, SamplingParams
+
+ACTION_OPEN, ACTION_CLOSE = "<action>", "</action>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+SYSTEM_PROMPT = (
+    "You are an agent acting in a text environment to complete the task. Each turn you see the current state "
+    "(one element per line) and the admissible actions. Reply with {think}<action>ACTION</action>."
+)
+_ACTION_TAG = re.compile(r"<action>(.*?)(?:</action>|$)", re.DOTALL | re.IGNORECASE)
+_BRACKET_ACTION = re.compile(r"\b([a-z_]+\[[^\[\]\n]*\])", re.IGNORECASE)
+
+
+class PolicyConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    history_window: int = Field(default=3, ge=0, description="previous actions shown in the prompt")
+    thinking: bool = Field(default=False, description="ask for <think>…</think> before the action")
+    show_admissible: bool = True
+    max_admissible: int = Field(default=40, ge=1)
+    max_state_chars: int = Field(default=2000, ge=100)
+    max_new_tokens: int = Field(default=32, ge=1)
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    invalid_action_penalty: float = Field(default=0.1, ge=0, description="subtracted from an invalid step's reward")
+
+
+@dataclass(frozen=True)
+class AgentObservation:
+    """What the agent sees at one step of one episode."""
+
+    instruction: str
+    state: str
+    admissible_actions: Sequence[str]
+    history: Sequence[tuple[str, str]]  # previous (state, action) pairs, oldest first
+
+
+@dataclass
+class PolicyStep:
+    action: str  # the parsed action ("" when nothing parsable was generated: the env flags it invalid)
+    parsed: bool
+    text: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float] | None
+
+
+def build_agent_prompt(obs: AgentObservation, cfg: PolicyConfig) -> ChatMessages:
+    think = "<think>REASONING</think>" if cfg.thinking else ""
+    lines = [f"TASK: {obs.instruction}", f"STEP: {len(obs.history)}"]
+    recent = list(obs.history)[-cfg.history_window :] if cfg.history_window else []
+    if recent:
+        lines.append("HISTORY: " + " ; ".join(a for _, a in recent))
+    state = obs.state if len(obs.state) <= cfg.max_state_chars else obs.state[: cfg.max_state_chars] + " …"
+    lines.append("STATE:\n" + state)
+    if cfg.show_admissible and obs.admissible_actions:
+        lines.append("ACTIONS: " + " | ".join(list(obs.admissible_actions)[: cfg.max_admissible]))
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT.format(think=think)},
+        {"role": "user", "content": "\n".join(lines)},
+    ]
+
+
+def format_action_target(action: str, thought: str | None = None) -> str:
+    """The completion a policy should write for ``action`` (the behaviour-cloning target)."""
+    think = f"{THINK_OPEN}{thought}{THINK_CLOSE}" if thought else ""
+    return f"{think}{ACTION_OPEN}{action}{ACTION_CLOSE}"
+
+
+def parse_action(text: str) -> str | None:
+    """The action in a completion: the content of the last ``<action>`` tag (closed or cut by the stop
+    string), else the last ``verb[arg]`` in the text; None when there is none. Never raises."""
+    tagged = [m.strip() for m in _ACTION_TAG.findall(text) if m.strip()]
+    if tagged:
+        return tagged[-1]
+    after_think = text.rsplit(THINK_CLOSE, 1)[-1]
+    found = _BRACKET_ACTION.findall(after_think)
+    return found[-1].strip() if found else None
+
+
+class LLMPolicy:
+    """Acts for many episodes at once with one batched generation call."""
+
+    def __init__(self, llm: LLM, cfg: PolicyConfig | None = None) -> None:
+        self.llm = llm
+        self.cfg = cfg or PolicyConfig()
+        self.name = "llm"
+        self.unparsed = 0  # counted fallback: completions with no action in them
+
+    def sampling(self, greedy: bool, seed: int | None) -> SamplingParams:
+        return SamplingParams(
+            max_new_tokens=self.cfg.max_new_tokens,
+            temperature=0.0 if greedy else self.cfg.temperature,
+            top_p=self.cfg.top_p,
+            stop=(ACTION_CLOSE,),
+            seed=seed,
+            logprobs=not greedy,
+        )
+
+    def act(self, batch: Sequence[AgentObservation], greedy: bool = False, seed: int | None = None) -> list[PolicyStep]:
+        prompts = [build_agent_prompt(o, self.cfg) for o in batch]
+        completions = self.llm.generate(prompts, self.sampling(greedy, seed))
+        steps = []
+        for c in completions:
+            action = parse_action(c.text)
+            if action is None:
+                self.unparsed += 1
+            steps.append(
+                PolicyStep(
+                    action=action or "",
+                    parsed=action is not None,
+                    text=c.text,
+                    prompt_ids=list(c.prompt_ids or []),
+                    response_ids=list(c.token_ids),
+                    logprobs=c.logprobs,
+                )
+            )
+        return steps
+
+
+# ------------------------------------------------------------------------------------------- run dirs
+# A policy run directory holds `model/` (a Hugging Face model dir: safetensors + tokenizer) and
+# `policy.json` (the PolicyConfig it was trained with), plus whatever the job that made it records
+# (`summary.json`, checkpoints, tensorboard logs).
+
+
+def save_policy(run_dir: str | os.PathLike[str], model: Any, tokenizer: Any, cfg: PolicyConfig) -> Path:
+    run = Path(run_dir)
+    model_dir = run / "model"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(model_dir, safe_serialization=True)
+    tokenizer.save_pretrained(model_dir)
+    (run / "policy.json").write_text(cfg.model_dump_json(indent=2))
+    return model_dir
+
+
+def load_policy(run_dir: str | os.PathLike[str], device: str = "cpu", cfg: PolicyConfig | None = None) -> LLMPolicy:
+    """Load a policy run directory (or a bare HF model dir/name, with the default PolicyConfig)."""
+    from dreamgym.llm.hf import HFLLM
+
+    run = Path(run_dir)
+    model_dir = run / "model" if (run / "model").is_dir() else run
+    if cfg is None and (run / "policy.json").exists():
+        cfg = PolicyConfig.model_validate_json((run / "policy.json").read_text())
+    return LLMPolicy(HFLLM.from_pretrained(model_dir, device=device), cfg)
