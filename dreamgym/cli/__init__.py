@@ -30,17 +30,13 @@ for _mod in (_data, _demo, _env, _model, _buffer):
     _mod.register(app)
 
 
-class UserError(Exception):
-    """An error caused by the user's input: printed as one line, exit code 2."""
-
-
 def main() -> None:
     from dreamgym.types import DataError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         app()
-    except (DataError, UserError, FileNotFoundError, KeyError, ValueError) as e:
+    except (DataError, FileNotFoundError, KeyError, ValueError, ConnectionError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         err.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
         sys.exit(2)

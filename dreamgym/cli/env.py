@@ -69,5 +69,25 @@ def play(
     env.close()
 
 
+@env_app.command("serve")
+def serve(
+    name: str = typer.Argument(..., help="registered env name"),
+    port: int = typer.Option(8000, min=0, max=65535, help="TCP port"),
+    host: str = typer.Option("127.0.0.1", help="interface to bind (0.0.0.0 exposes it to the network)"),
+    env_arg: list[str] = typer.Option(None, "--env-arg", help="env constructor argument key=value"),
+    max_sessions: int = typer.Option(256, min=1, help="most env sessions at once (more get 503)"),
+    idle_timeout: float = typer.Option(None, help="close sessions idle this many seconds"),
+    log_level: str = typer.Option("info", help="uvicorn log level"),
+) -> None:
+    """Serve an env over AgentGym's env-server HTTP protocol (POST /create, /reset, /step, /close, ...)."""
+    from dreamgym.envs.server import create_app
+    from dreamgym.envs.server import serve as run_server
+
+    app = create_app(name, parse_env_args(env_arg), max_sessions=max_sessions, idle_timeout_s=idle_timeout)
+    url = f"http://{host}:{port}"
+    console.print(f"serving {name!r} on {url} (AgentGym protocol; WebShop dialect: {url}/webshop)", soft_wrap=True)
+    run_server(app, host=host, port=port, log_level=log_level)
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(env_app, name="env")

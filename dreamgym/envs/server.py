@@ -6,7 +6,7 @@ Its servers speak two dialects, and this server speaks both:
 
 * the **id dialect** (agentenv-alfworld, -sciworld, -babyai, -textcraft), at ``/``:
 
-  - ``POST /create`` -> ``{"id": n, "env_idx": n}``
+  - ``POST /create`` -> ``{"id": n, "env_idx": n, "observation": ""}``
   - ``POST /reset {id, data_idx}`` (ALFWorld sends ``game``, WebShop ``session_id``; ours may also send
     ``task_id``, ``seed``, ``split``) -> ``{"observation", "task_description", "available_actions",
     "reward": 0, "score": 0, "done": false, "info"}``
@@ -57,7 +57,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -264,7 +264,7 @@ class ResetRequest(SessionRef):
     game: int | None = None  # ALFWorld
     session_id: int | None = None  # WebShop
     task_id: str | None = None  # dreamgym: a task by its id
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0)
     split: Literal["train", "test"] = "train"  # the split to draw from when no task is named
 
     def task_index(self) -> int | None:
@@ -357,9 +357,9 @@ def create_app(
             ],
         }
 
-    def create() -> dict[str, int]:
+    def create() -> dict[str, Any]:
         idx = store.create()
-        return {"id": idx, "env_idx": idx}
+        return {"id": idx, "env_idx": idx, "observation": ""}  # TextCraft's client reads an observation
 
     def reset(body: ResetRequest) -> dict[str, Any]:
         idx = body.ref()
@@ -374,7 +374,10 @@ def create_app(
                     raise HTTPException(404, f"unknown task id {body.task_id!r}")
                 data_idx = tasks.by_id[body.task_id]
                 split, task = tasks[data_idx]
-            obs, info = s.env.reset(seed=body.seed, options={"task": task, "split": split})
+            try:
+                obs, info = s.env.reset(seed=body.seed, options={"task": task, "split": split})
+            except (ValueError, KeyError) as e:  # the env refuses this reset (e.g. an empty split)
+                raise HTTPException(400, f"reset refused: {type(e).__name__}: {e}".splitlines()[0]) from e
             played: Task | None = info.get("task")
             s.is_reset, s.done, s.episode_return, s.data_idx = True, False, 0.0, data_idx
             s.last = {
@@ -566,7 +569,8 @@ class BackgroundServer:
     def __init__(
         self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
     ) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so (else ~40 ms per request).
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = self.sock.getsockname()[:2]

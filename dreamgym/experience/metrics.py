@@ -1,0 +1,243 @@
+"""Fidelity metrics of the experience model: predicted transitions scored against real ones (no model here).
+
+Per transition: reward within a tolerance, done flag, next state exact / element-set / token-F1 match.
+Aggregated in :class:`FidelityReport`, which also estimates the model errors of the paper's Lemma 1 (App. B):
+
+    |J_real(π) − J_dream(π)| ≤ ε_R / (1 − γ) + 2 γ R_max ε_P / (1 − γ)²
+
+* ε_R = sup |R − R̂|. A supremum cannot be estimated from samples: the sample max is set by a single outlier
+  (one wrong purchase reward makes it 1.0) and the mean understates it. The report gives the mean, the max and
+  a high quantile (default 0.95); the bounds plug in the quantile, an estimate that ignores the worst 5% of
+  steps, not a guarantee.
+* ε_P = sup TV(P(·|s,a), P̂(·|s,a)). The real envs are deterministic and greedy decoding is too, so for one
+  (s, a) both distributions are point masses and their TV distance is exactly 1[ŝ' ≠ s'] (0 when equal).
+  We compare next states as element sets (order-insensitive), so ε_P = 1 − element-set match rate: the
+  average-case TV, a proxy for the sup.
+
+The real done flag is :func:`~dreamgym.experience.protocol.terminated` (a ``max_steps`` cut is not an ending).
+Invalid model outputs are scored as the fallback the dream env serves instead (``failure_prediction``:
+state unchanged, reward 0, not done), since that is what the policy would have seen.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dreamgym.experience.protocol import ExperiencePrediction, ExperienceQuery, terminated
+from dreamgym.types import Transition
+
+# ---------------------------------------------------------------------------------------- per state
+
+
+def _lines(state: str) -> list[str]:
+    return [line.strip() for line in state.splitlines() if line.strip()]
+
+
+def state_token_f1(pred: str, gold: str) -> float:
+    """F1 of the bags (multisets) of whitespace tokens, case-sensitive (SQuAD-style).
+
+    precision = |pred ∩ gold| / |pred|, recall = |pred ∩ gold| / |gold|, with multiset intersection.
+    Two empty states score 1.0; one empty state scores 0.0.
+    """
+    p, g = Counter(pred.split()), Counter(gold.split())
+    if not p or not g:
+        return float(not p and not g)
+    common = sum((p & g).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / sum(p.values()), common / sum(g.values())
+    return 2 * precision * recall / (precision + recall)
+
+
+def element_set_match(pred: str, gold: str) -> bool:
+    """Whether both states hold the same set of lines (``[id] type: text``), ignoring order, blank lines and
+    surrounding spaces."""
+    return set(_lines(pred)) == set(_lines(gold))
+
+
+def next_state_exact(pred: str, gold: str) -> bool:
+    """Whether both states hold the same lines in the same order (blank lines and surrounding spaces ignored)."""
+    return _lines(pred) == _lines(gold)
+
+
+_ELEMENT = re.compile(r"^\[[^\]]*\]\s*([^:]+):\s?(.*)$")
+_SEARCH_TYPES = {"searchbox", "search", "textbox", "input"}
+
+
+def page_type(state: str) -> str:
+    """A heuristic page kind of a web-shop state: search, results, item, description, features, done or other.
+
+    Rules on the ``[id] type: text`` elements, first match wins (written against the built-in shop's pages,
+    where it agrees with ``info["page"]``; the env exposes no classifier for a state string):
+    done: a text says "thank you" or "your score"; search: a search-box element; results: a product link or
+    a "page N (results" / "no results" text; item: an option element or a "buy" button; then, with a "prev"
+    or "back" button and text elements: description if every text is a sentence (ends in . ! ?), else
+    features (short bullets such as "Slim fit", "Color: red, blue"); otherwise other.
+    """
+    elements = [
+        (m.group(1).strip().lower(), m.group(2).strip().lower())
+        for m in map(_ELEMENT.match, _lines(state))
+        if m
+    ]
+    types = [t for t, _ in elements]
+    texts = [x for t, x in elements if t == "text"]
+    buttons = [x for t, x in elements if t in ("button", "link")]
+    if any("thank you" in x or "your score" in x for x in texts):
+        return "done"
+    if any(t in _SEARCH_TYPES for t in types):
+        return "search"
+    if "link" in types or any(re.match(r"page \d+ \(results|no results", x) for x in texts):
+        return "results"
+    if "option" in types or any("buy" in x for x in buttons):
+        return "item"
+    if texts and any("prev" in x or "back" in x for x in buttons):
+        return "description" if all(x.endswith((".", "!", "?")) for x in texts) else "features"
+    return "other"
+
+
+# ---------------------------------------------------------------------------------------- bounds
+
+
+def lemma1_bound(eps_r: float, eps_p: float, gamma: float, r_max: float = 1.0) -> float:
+    """Lemma 1 (discounted): ε_R / (1 − γ) + 2 γ R_max ε_P / (1 − γ)². Infinite for γ = 1."""
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    if gamma == 1.0:
+        return math.inf
+    return eps_r / (1 - gamma) + 2 * gamma * r_max * eps_p / (1 - gamma) ** 2
+
+
+def finite_horizon_bound(
+    eps_r: float, eps_p: float, horizon: int, r_max: float = 1.0, v_max: float | None = None
+) -> float:
+    """Lemma 1 for an undiscounted episode of at most ``horizon`` steps.
+
+    The simulation lemma telescopes J − Ĵ = Σ_t E[(R − R̂)(s_t, a_t) + ((P − P̂) V_{t+1})(s_t, a_t)] along
+    the dream's trajectory, and |(P − P̂) V| ≤ 2 TV · max|V|, so
+
+        |J − Ĵ| ≤ Σ_{t=0}^{H−1} [ε_R + 2 ε_P · min(v_max, (H − 1 − t) R_max)]
+               = H ε_R + R_max ε_P H (H − 1)                 (v_max = None: no bound on the return)
+
+    With outcome rewards (one reward per episode) the return-to-go is at most R_max: pass ``v_max=r_max``
+    for H ε_R + 2 (H − 1) R_max ε_P. The discounted Lemma 1 is the same sum with γ^t weights and V ≤ R_max/(1 − γ).
+    """
+    if horizon < 0:
+        raise ValueError(f"horizon must be >= 0, got {horizon}")
+    cap = math.inf if v_max is None else v_max
+    return sum(eps_r + 2 * eps_p * min(cap, (horizon - 1 - t) * r_max) for t in range(horizon))
+
+
+# ---------------------------------------------------------------------------------------- report
+
+
+@dataclass(frozen=True)
+class FidelityRecord:
+    """One held-out real transition (``gold``) and the experience model's answer for it."""
+
+    gold: Transition
+    prediction: ExperiencePrediction
+    query: ExperienceQuery | None = None  # the context it was asked in, for reports that slice by it
+
+
+@dataclass
+class FidelityReport:
+    """Aggregated fidelity of predicted transitions (see the module docstring for ε_R, ε_P and the bounds)."""
+
+    transitions: int
+    reward_accuracy: float  # |r̂ − r| <= reward_tol
+    terminal_transitions: int
+    terminal_reward_accuracy: float | None  # the same, on steps where the real env ended the episode
+    terminal_reward_majority: float | None  # the most common terminal reward (2 decimals)
+    terminal_reward_majority_baseline: float | None  # accuracy of always predicting it on terminal steps
+    reward_mae: float
+    done_accuracy: float
+    invalid_output_rate: float
+    invalid_output_reasons: dict[str, int]
+    next_state_exact: float
+    next_state_set_match: float
+    next_state_f1: float
+    next_state_f1_by_page: dict[str, float]  # by the page type of the real next state
+    transitions_by_page: dict[str, int]
+    epsilon_r: dict[str, float]  # mean, max, quantile (used for the bounds), q
+    epsilon_p: float
+    gamma: float
+    lemma1_bound: float
+    horizon: int
+    finite_horizon_bound: float  # with v_max = r_max: outcome rewards, at most one reward per episode
+    settings: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return float(sum(xs) / len(xs))
+
+
+def fidelity_report(
+    records: Sequence[FidelityRecord],
+    reward_tol: float = 0.1,
+    quantile: float = 0.95,
+    gamma: float = 0.99,
+    horizon: int = 15,
+    r_max: float = 1.0,
+) -> FidelityReport:
+    """Score ``records``; ε_R for the bounds is the ``quantile`` of |r̂ − r| (see the module docstring)."""
+    if not records:
+        raise ValueError("fidelity_report: no transitions to score")
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"quantile must be in [0, 1], got {quantile}")
+    tol = reward_tol + 1e-9  # rewards are written with 2 decimals; keep 0.85 vs 0.75 inside a 0.1 tolerance
+    abs_err = [abs(r.prediction.reward - r.gold.reward) for r in records]
+    gold_done = [terminated(r.gold) for r in records]  # a max_steps cut is not an ending M_exp should predict
+    terminal = [(r, e) for r, e, d in zip(records, abs_err, gold_done, strict=True) if d]
+
+    majority = majority_acc = None
+    if terminal:
+        counts = Counter(round(r.gold.reward, 2) for r, _ in terminal)
+        majority = min(counts, key=lambda v: (-counts[v], v))  # most common; ties -> the smaller reward
+        majority_acc = _mean([abs(r.gold.reward - majority) <= tol for r, _ in terminal])
+
+    f1 = [state_token_f1(r.prediction.next_state, r.gold.next_state) for r in records]
+    set_match = [element_set_match(r.prediction.next_state, r.gold.next_state) for r in records]
+    by_page: dict[str, list[float]] = defaultdict(list)
+    for r, score in zip(records, f1, strict=True):
+        by_page[page_type(r.gold.next_state)].append(score)
+
+    eps_r_q = float(np.quantile(abs_err, quantile, method="higher"))
+    eps_p = 1.0 - _mean(set_match)
+    return FidelityReport(
+        transitions=len(records),
+        reward_accuracy=_mean([e <= tol for e in abs_err]),
+        terminal_transitions=len(terminal),
+        terminal_reward_accuracy=_mean([e <= tol for _, e in terminal]) if terminal else None,
+        terminal_reward_majority=majority,
+        terminal_reward_majority_baseline=majority_acc,
+        reward_mae=_mean(abs_err),
+        done_accuracy=_mean([r.prediction.done == d for r, d in zip(records, gold_done, strict=True)]),
+        invalid_output_rate=_mean([r.prediction.failure is not None for r in records]),
+        invalid_output_reasons=dict(
+            sorted(Counter(r.prediction.failure for r in records if r.prediction.failure).items())
+        ),
+        next_state_exact=_mean(
+            [next_state_exact(r.prediction.next_state, r.gold.next_state) for r in records]
+        ),
+        next_state_set_match=_mean(set_match),
+        next_state_f1=_mean(f1),
+        next_state_f1_by_page={page: _mean(scores) for page, scores in sorted(by_page.items())},
+        transitions_by_page={page: len(scores) for page, scores in sorted(by_page.items())},
+        epsilon_r={"mean": _mean(abs_err), "max": max(abs_err), "quantile": eps_r_q, "q": quantile},
+        epsilon_p=eps_p,
+        gamma=gamma,
+        lemma1_bound=lemma1_bound(eps_r_q, eps_p, gamma, r_max),
+        horizon=horizon,
+        finite_horizon_bound=finite_horizon_bound(eps_r_q, eps_p, horizon, r_max, v_max=r_max),
+        settings={"reward_tol": reward_tol, "r_max": r_max},
+    )

@@ -1,0 +1,526 @@
+"""The experience model's text protocol: the prompt it reads, the target it writes, a parser that never raises.
+
+One protocol serves every backend (a 3–5M from-scratch model on CPU, a 7B instruct model on GPU), so it is
+compact, strict to parse, and readable through a chat template.
+
+Prompt (user message; sections with no content are left out; ``build_prompt_text`` prefixes the system text)::
+
+    TASK: i need a slim fit t-shirt, and price lower than 30 dollars
+    HISTORY:
+    #1 search[slim fit t-shirt]              (previous actions, absolute step numbers; with
+    #2 click[B0K2Q9ZD]                        ``history_states`` each is preceded by its state lines)
+    SIMILAR:
+    (1)                                       (a retrieved real transition: state → action ⇒ next state;
+    [1] text: Page 1 (results 1-5 of 50)      ``neighbour_states=False`` leaves its state out)
+    [4] link: B0A1B2C3 — Qualo Slim Fit T-Shirt, Crew Neck | $19.99
+    → click[B0A1B2C3]
+    ⇒
+    [1] text: B0A1B2C3 — Qualo Slim Fit T-Shirt, Crew Neck
+    [2] text: Price: $19.99
+    [3] button: Buy Now
+    | r=0.00 d=0
+    STATE:
+    [1] text: B0K2Q9ZD — Ravemi Slim Fit T-Shirt, Cotton
+    [2] option: size=m
+    [3] button: Buy Now
+    ACTION: click[m]
+
+Long states are cut at whole lines, ending with a ``…`` line (see :func:`truncate_lines`).
+
+Target (what M_exp writes; ``format_target``)::
+
+    <think>{reasoning}</think>
+    <state>
+    {next state, one element per line}
+    </state>
+    <reward>0.75</reward> <done>1</done> <success>0</success>
+
+The reward is written with 2 decimals. Without reasoning (the "without reasoning" ablation) the first line is
+absent. Grammar accepted by :func:`parse_output` (tags are case-insensitive and may hold spaces: ``< State >``)::
+
+    output  := [preamble] [think] [gap] state [gap] reward [gap] done [gap] success [trailing junk]
+    think   := "<think>" TEXT "</think>"                TEXT up to the first "</think>"; tags inside are text
+    state   := "<state>" TEXT "</state>"                stripped; must be non-empty; no tag inside
+    reward  := "<reward>" FLOAT "</reward>"             decimal or exponent notation, finite, 0 <= r <= 1
+    done    := "<done>" BOOL "</done>"                  BOOL: 0 | 1 | true | false (any case), spaces around
+    success := "<success>" BOOL "</success>"            success=1 requires done=1
+
+Text before the first tag and between blocks (no tag in it) is ignored, as is everything after
+``</success>``. The output is first cut at the first stop-token text (``<|im_end|>``, ``</s>``, ...).
+``<think>`` is required when ``cfg.reasoning`` is True and accepted when it is False. A failure carries one
+reason from :data:`FAILURE_REASONS`; the dream env then serves :func:`failure_prediction` and counts it in
+:class:`ParseStats`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dreamgym.types import Trajectory, Transition
+
+log = logging.getLogger(__name__)
+
+TAGS = ("think", "state", "reward", "done", "success")
+# The tag texts, e.g. for a from-scratch tokenizer to add as single tokens.
+TAG_TEXTS = tuple(text for tag in TAGS for text in (f"<{tag}>", f"</{tag}>"))
+# Stop-token texts of common chat templates; a backend that leaves them in the output is tolerated.
+STOP_TEXTS = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end|>", "<end_of_turn>", "</s>", "<eos>")
+TRUNCATION_MARK = "…"
+
+FAILURE_REASONS: tuple[str, ...] = (
+    "empty",  # nothing but whitespace (or a stop token) came back
+    "truncated",  # the output ends inside a block or in a half-written tag, or the backend hit its token limit
+    *(f"missing_{t}" for t in TAGS),  # a required block is absent
+    *(f"duplicate_{t}" for t in TAGS),  # a block is written twice (or out of order after it was consumed)
+    *(f"unclosed_{t}" for t in TAGS[1:]),  # a block opens, then another tag comes before its closing tag
+    "empty_state",
+    "bad_reward",  # not a finite decimal number
+    "reward_out_of_range",  # a number outside [0, 1]
+    "bad_done",
+    "bad_success",
+    "success_not_done",  # success=1 on a step that does not end the episode
+)
+
+
+# ------------------------------------------------------------------------------------------ inputs
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    """A transition retrieved from the replay buffer, shown to M_exp as an example (the D_k of the paper)."""
+
+    state: str
+    action: str
+    next_state: str
+    reward: float
+    done: bool
+
+    @classmethod
+    def from_transition(cls, t: Transition) -> Neighbour:
+        return cls(t.state, t.action, t.next_state, t.reward, t.done)
+
+
+@dataclass
+class ExperienceQuery:
+    """Everything M_exp sees at step t: task τ, history H_t (oldest first), neighbours D_k, s_t and a_t."""
+
+    instruction: str
+    history: list[tuple[str, str]]
+    retrieved: list[Neighbour]
+    state: str
+    action: str
+
+    @classmethod
+    def at_step(cls, traj: Trajectory, t: int, retrieved: Sequence[Neighbour] = ()) -> ExperienceQuery:
+        """The query for step ``t`` of a recorded trajectory (for SFT pairs and fidelity evaluation)."""
+        if not 0 <= t < len(traj.transitions):
+            raise IndexError(f"step {t} out of range for a trajectory of {len(traj.transitions)} steps")
+        history = [(x.state, x.action) for x in traj.transitions[:t]]
+        now = traj.transitions[t]
+        return cls(traj.task.instruction, history, list(retrieved), now.state, now.action)
+
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are the environment simulator. Given the task, the recent history, similar past transitions, "
+    "the current state and the agent's action, predict what the environment shows next. "
+    "{think}Write the next state inside <state>...</state>, one element per line as in STATE, copying ids and "
+    "text exactly; then <reward>r</reward> <done>0|1</done> <success>0|1</success> with r in [0, 1] written "
+    "with 2 decimals. An action that cannot be carried out leaves the state unchanged with reward 0."
+)
+THINK_INSTRUCTION = "First write <think>brief reasoning about the action's effect</think>. "
+
+
+@dataclass
+class ProtocolConfig:
+    """What the prompt shows and what the target holds. The defaults suit both the tiny and the 7B model."""
+
+    history_window: int = 3  # previous steps shown; 0 = the "without history" ablation
+    history_states: bool = False  # show previous states too (costly), or only previous actions
+    k: int = 2  # retrieved neighbours shown; 0 = the "without replay" ablation
+    neighbour_states: bool = True  # show each neighbour's state, or only its action, next state and outcome
+    reasoning: bool = True  # False = the "without reasoning" ablation: no <think> block in the target
+    max_state_chars: int | None = 1200  # limit for the current (and history) states; None = no limit
+    max_neighbour_chars: int | None = 600  # limit for each neighbour's state and next state (a shop item page
+    # is up to ~540 characters; a cut next state is no longer something to copy)
+    system_prompt: str | None = None  # None: DEFAULT_SYSTEM_PROMPT for this config; "" = no system text
+
+    def __post_init__(self) -> None:
+        if self.history_window < 0 or self.k < 0:
+            raise ValueError(f"history_window and k must be >= 0 (got {self.history_window}, {self.k})")
+        for name in ("max_state_chars", "max_neighbour_chars"):
+            limit = getattr(self, name)
+            if limit is not None and limit < 1:
+                raise ValueError(f"{name} must be >= 1 or None (got {limit})")
+
+    def system_text(self) -> str:
+        if self.system_prompt is not None:
+            return self.system_prompt
+        return DEFAULT_SYSTEM_PROMPT.format(think=THINK_INSTRUCTION if self.reasoning else "")
+
+
+# ------------------------------------------------------------------------------------------ prompt
+
+
+def truncate_lines(text: str, max_chars: int | None) -> str:
+    """Cut ``text`` to at most ``max_chars`` characters, keeping whole lines and ending with a ``…`` line.
+
+    If not even the first line fits, that line itself is cut and ends with ``…``.
+    """
+    text = text.strip()
+    if max_chars is None or len(text) <= max_chars:
+        return text
+    kept: list[str] = []
+    used = len(TRUNCATION_MARK)
+    for line in text.split("\n"):
+        if used + len(line) + 1 > max_chars:
+            break
+        kept.append(line)
+        used += len(line) + 1
+    if not kept:
+        return text[: max_chars - len(TRUNCATION_MARK)] + TRUNCATION_MARK
+    return "\n".join([*kept, TRUNCATION_MARK])
+
+
+def _history_lines(query: ExperienceQuery, cfg: ProtocolConfig) -> list[str]:
+    if cfg.history_window == 0 or not query.history:
+        return []
+    start = max(0, len(query.history) - cfg.history_window)
+    lines = ["HISTORY:"]
+    for i, (state, action) in enumerate(query.history[start:], start=start + 1):
+        if cfg.history_states:
+            lines += [f"#{i}", truncate_lines(state, cfg.max_state_chars), f"→ {action}"]
+        else:
+            lines.append(f"#{i} {action}")
+    return lines
+
+
+def _similar_lines(query: ExperienceQuery, cfg: ProtocolConfig) -> list[str]:
+    shown = query.retrieved[: cfg.k]
+    if not shown:
+        return []
+    lines = ["SIMILAR:"]
+    for i, n in enumerate(shown, start=1):
+        lines.append(f"({i})")
+        if cfg.neighbour_states:
+            lines.append(truncate_lines(n.state, cfg.max_neighbour_chars))
+        lines += [
+            f"→ {n.action}",
+            "⇒",
+            truncate_lines(n.next_state, cfg.max_neighbour_chars),
+            f"| r={n.reward:.2f} d={int(n.done)}",
+        ]
+    return lines
+
+
+def build_user_text(query: ExperienceQuery, cfg: ProtocolConfig) -> str:
+    """The user message: TASK, HISTORY, SIMILAR, STATE, ACTION (deterministic; empty sections left out)."""
+    lines = [f"TASK: {query.instruction.strip()}"]
+    lines += _history_lines(query, cfg)
+    lines += _similar_lines(query, cfg)
+    lines += ["STATE:", truncate_lines(query.state, cfg.max_state_chars), f"ACTION: {query.action.strip()}"]
+    return "\n".join(lines)
+
+
+def build_messages(query: ExperienceQuery, cfg: ProtocolConfig) -> list[dict[str, str]]:
+    """Chat messages (system + user) for instruct models; the target is the assistant reply."""
+    system = cfg.system_text()
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": build_user_text(query, cfg)})
+    return messages
+
+
+def build_prompt_text(query: ExperienceQuery, cfg: ProtocolConfig) -> str:
+    """The same content as one string for raw-prompt backends: ``prompt_text + target`` is the SFT text."""
+    system = cfg.system_text()
+    user = build_user_text(query, cfg)
+    return f"{system}\n\n{user}\n" if system else f"{user}\n"
+
+
+# ------------------------------------------------------------------------------------------ target
+
+
+def _check_free_of_tags(name: str, text: str) -> None:
+    tag = _TAG.search(text)
+    stop = next((s for s in STOP_TEXTS if s in text), None)
+    if tag is not None or stop is not None:
+        found = tag.group(0) if tag is not None else stop
+        raise ValueError(f"{name} contains the protocol text {found!r}; the target would not parse")
+
+
+def format_target_parts(
+    next_state: str, reward: float, done: bool, success: bool, reasoning: str | None, cfg: ProtocolConfig
+) -> list[tuple[str, str]]:
+    """The target as named consecutive pieces: reasoning (if cfg.reasoning), state, reward, done, success.
+
+    Raises ValueError for a reward outside [0, 1], success without done, an empty state, or a protocol tag or
+    stop-token text inside the state or reasoning (such a target could not be parsed back).
+    """
+    state = next_state.strip()
+    if not state:
+        raise ValueError("next_state is empty")
+    if not (math.isfinite(reward) and 0.0 <= reward <= 1.0):
+        raise ValueError(f"reward must be in [0, 1], got {reward!r}")
+    if success and not done:
+        raise ValueError("success=True on a step with done=False")
+    _check_free_of_tags("next_state", state)
+    parts: list[tuple[str, str]] = []
+    if cfg.reasoning:
+        if reasoning is None:
+            raise ValueError("cfg.reasoning is True but no reasoning was given")
+        _check_free_of_tags("reasoning", reasoning)
+        parts.append(("reasoning", f"<think>{reasoning.strip()}</think>\n"))
+    parts += [
+        ("state", f"<state>\n{state}\n</state>\n"),
+        ("reward", f"<reward>{reward + 0.0:.2f}</reward>"),
+        ("done", f" <done>{int(done)}</done>"),
+        ("success", f" <success>{int(success)}</success>"),
+    ]
+    return parts
+
+
+def format_target(
+    next_state: str, reward: float, done: bool, success: bool, reasoning: str | None, cfg: ProtocolConfig
+) -> str:
+    """The text M_exp is trained to write (see the module docstring); ``reasoning`` is ignored without cfg.reasoning."""
+    return "".join(text for _, text in format_target_parts(next_state, reward, done, success, reasoning, cfg))
+
+
+def terminated(t: Transition) -> bool:
+    """Whether the environment itself ended the episode at this step.
+
+    A step cut by ``max_steps`` (``info["truncated"]``, see ``dreamgym.collect``) is recorded with done=True but
+    is not an ending M_exp should learn: the dream env truncates on its own step limit.
+    """
+    return t.done and not t.info.get("truncated", False)
+
+
+def step_target(traj: Trajectory, t: int, reasoning: str | None, cfg: ProtocolConfig) -> str:
+    """The target for step ``t`` of a recorded trajectory: done is :func:`terminated`; success is the
+    episode's, on its final step only."""
+    x = traj.transitions[t]
+    done = terminated(x)
+    success = traj.success and done and t == len(traj.transitions) - 1
+    return format_target(x.next_state, x.reward, done, success, reasoning, cfg)
+
+
+def target_spans(
+    next_state: str, reward: float, done: bool, success: bool, reasoning: str | None, cfg: ProtocolConfig
+) -> dict[str, tuple[int, int]]:
+    """Character ``[start, end)`` of each piece of :func:`format_target`'s text (for per-part losses/metrics)."""
+    spans: dict[str, tuple[int, int]] = {}
+    pos = 0
+    for name, text in format_target_parts(next_state, reward, done, success, reasoning, cfg):
+        spans[name] = (pos, pos + len(text))
+        pos += len(text)
+    return spans
+
+
+# ------------------------------------------------------------------------------------------ parser
+
+
+@dataclass(frozen=True)
+class ExperiencePrediction:
+    """M_exp's answer for one step. ``failure`` names the parse failure when this is the fallback."""
+
+    reasoning: str | None
+    next_state: str
+    reward: float
+    done: bool
+    success: bool
+    failure: str | None = None
+
+
+@dataclass(frozen=True)
+class ParseResult:
+    """Either a ``prediction`` or a failure ``reason`` (one of :data:`FAILURE_REASONS`)."""
+
+    prediction: ExperiencePrediction | None
+    reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.prediction is not None
+
+
+_TAG = re.compile(r"<\s*(/?)\s*(think|state|reward|done|success)\s*>", re.IGNORECASE)
+_CLOSE_THINK = re.compile(r"<\s*/\s*think\s*>", re.IGNORECASE)
+_PARTIAL_TAG = re.compile(r"<\s*/?\s*[a-z]*\s*$", re.IGNORECASE)
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")  # ASCII digits only
+_BOOLS = {"0": False, "1": True, "false": False, "true": True}
+
+
+class _Fail(Exception):
+    """Internal: carries a failure reason out of the block scanner."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _cut_at_stop(text: str) -> str:
+    cut = len(text)
+    for stop in STOP_TEXTS:
+        i = text.find(stop, 0, cut)
+        if i >= 0:
+            cut = i
+    return text[:cut]
+
+
+def _missing(name: str, rest: str, length_limited: bool) -> _Fail:
+    """A block is absent: the output was cut short (a half tag at the end, or the token limit) or it is missing."""
+    if length_limited or _PARTIAL_TAG.search(rest.rstrip()):
+        return _Fail("truncated")
+    return _Fail(f"missing_{name}")
+
+
+def _read_block(text: str, pos: int, name: str, consumed: set[str], length_limited: bool) -> tuple[str, int]:
+    """Read ``<name>content</name>`` starting at the next tag after ``pos``; return (content, end)."""
+    opening = _TAG.search(text, pos)
+    if opening is None:
+        raise _missing(name, text[pos:], length_limited)
+    is_close, tag = opening.group(1) == "/", opening.group(2).lower()
+    if is_close or tag != name:
+        raise _Fail(f"duplicate_{tag}" if not is_close and tag in consumed else f"missing_{name}")
+    closing = _TAG.search(text, opening.end())
+    if closing is None:
+        raise _Fail("truncated")
+    if closing.group(1) != "/" or closing.group(2).lower() != name:
+        raise _Fail(f"unclosed_{name}")
+    consumed.add(name)
+    return text[opening.end() : closing.start()], closing.end()
+
+
+def _parse_bool(raw: str, name: str) -> bool:
+    value = _BOOLS.get(raw.strip().lower())
+    if value is None:
+        raise _Fail(f"bad_{name}")
+    return value
+
+
+def _parse_reward(raw: str) -> float:
+    raw = raw.strip()
+    if not _NUMBER.fullmatch(raw):
+        raise _Fail("bad_reward")
+    value = float(raw)
+    if not math.isfinite(value):
+        raise _Fail("bad_reward")
+    if not 0.0 <= value <= 1.0:
+        raise _Fail("reward_out_of_range")
+    return value + 0.0  # -0.0 -> 0.0
+
+
+def _parse(text: str, cfg: ProtocolConfig, length_limited: bool) -> ExperiencePrediction:
+    text = _cut_at_stop(text)
+    if not text.strip():
+        raise _Fail("truncated" if length_limited else "empty")
+    pos, reasoning, consumed = 0, None, set[str]()
+    first = _TAG.search(text)
+    if first is not None and first.group(1) != "/" and first.group(2).lower() == "think":
+        closing = _CLOSE_THINK.search(text, first.end())
+        if closing is None:
+            raise _Fail("truncated")
+        reasoning, pos = text[first.end() : closing.start()].strip(), closing.end()
+        consumed.add("think")
+    elif cfg.reasoning:
+        raise _missing("think", text, length_limited) if first is None else _Fail("missing_think")
+    state, pos = _read_block(text, pos, "state", consumed, length_limited)
+    reward_raw, pos = _read_block(text, pos, "reward", consumed, length_limited)
+    done_raw, pos = _read_block(text, pos, "done", consumed, length_limited)
+    success_raw, pos = _read_block(text, pos, "success", consumed, length_limited)
+    state = state.strip()
+    if not state:
+        raise _Fail("empty_state")
+    reward = _parse_reward(reward_raw)
+    done = _parse_bool(done_raw, "done")
+    success = _parse_bool(success_raw, "success")
+    if success and not done:
+        raise _Fail("success_not_done")
+    return ExperiencePrediction(reasoning, state, reward, done, success)
+
+
+def parse_output(text: str, cfg: ProtocolConfig, length_limited: bool = False) -> ParseResult:
+    """Parse M_exp's output (grammar in the module docstring). Never raises.
+
+    Pass ``length_limited=True`` when the backend stopped at its token limit, so that an incomplete output is
+    counted as ``"truncated"`` rather than as a missing block.
+    """
+    try:
+        return ParseResult(_parse(str(text), cfg, length_limited))
+    except _Fail as f:
+        return ParseResult(None, f.reason)
+    except Exception as e:  # defensive: the contract is "never raises"; a bug here must not stop a rollout
+        log.exception("experience-output parser failed unexpectedly")
+        return ParseResult(None, f"parser_error:{type(e).__name__}")
+
+
+# ------------------------------------------------------------------------------------------ fallback
+
+
+def failure_prediction(state: str, reason: str) -> ExperiencePrediction:
+    """The paper's "invalid output yields a failure state with reward 0".
+
+    The state stays exactly as it was (no error line is added), reward 0, not done: this is what the real
+    environments do for an invalid action (see ``dreamgym.envs.base``), so the policy sees the same signal in
+    the dream and in the real env, and the episode can continue (``max_steps`` still truncates it).
+    """
+    return ExperiencePrediction(
+        reasoning=None, next_state=state, reward=0.0, done=False, success=False, failure=reason
+    )
+
+
+@dataclass
+class ParseStats:
+    """Counts of parsed outputs and of each failure reason (the "counted fallback")."""
+
+    ok: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
+
+    def add(self, result: ParseResult) -> None:
+        if result.ok:
+            self.ok += 1
+        else:
+            self.failures[result.reason or "unknown"] += 1
+
+    @property
+    def failed(self) -> int:
+        return sum(self.failures.values())
+
+    @property
+    def total(self) -> int:
+        return self.ok + self.failed
+
+    @property
+    def invalid_rate(self) -> float:
+        return self.failed / self.total if self.total else 0.0
+
+    def merge(self, other: ParseStats) -> None:
+        self.ok += other.ok
+        self.failures.update(other.failures)
+
+    def as_dict(self) -> dict[str, int | float | dict[str, int]]:
+        return {
+            "ok": self.ok,
+            "failed": self.failed,
+            "invalid_rate": self.invalid_rate,
+            "failures": dict(sorted(self.failures.items())),
+        }
+
+
+def parse_or_fallback(
+    text: str, state: str, cfg: ProtocolConfig, stats: ParseStats | None = None, length_limited: bool = False
+) -> ExperiencePrediction:
+    """Parse an output; on failure return :func:`failure_prediction` for ``state``. Counts into ``stats``."""
+    result = parse_output(text, cfg, length_limited)
+    if stats is not None:
+        stats.add(result)
+    if result.prediction is not None:
+        return result.prediction
+    reason = result.reason or "unknown"
+    log.debug("invalid experience-model output (%s): %.200r", reason, text)
+    return failure_prediction(state, reason)
