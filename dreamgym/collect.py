@@ -32,10 +32,11 @@ def run_episode(
     invalid = 0
     while True:
         action = policy.act(obs, info)
+        admissible = list(info.get("admissible_actions") or [])  # of ``obs``: what an agent saw when acting
         next_obs, reward, terminated, truncated, info = env.step(action)
         invalid += int(bool(info.get("invalid_action")))
         done = terminated or truncated
-        step_info: dict[str, Any] = {"invalid_action": bool(info.get("invalid_action"))}
+        step_info: dict[str, Any] = {"invalid_action": bool(info.get("invalid_action")), "admissible_actions": admissible}
         if truncated:
             step_info["truncated"] = True
         transitions.append(
@@ -51,7 +52,7 @@ def run_episode(
         success=success,
         source=source,
         policy=policy.name,
-        meta={"env": env.name, "seed": seed, "split": split, "invalid_actions": invalid},
+        meta={"env": env.name, "env_kwargs": env.make_kwargs, "seed": seed, "split": split, "invalid_actions": invalid},
     )
 
 

@@ -78,6 +78,7 @@ class TextEnv(gym.Env[str, str]):
         self.task: Task | None = None
         self._last_obs = ""
         self._last_info: dict[str, Any] = {}
+        self.make_kwargs: dict[str, Any] = {}
 
     # -- to implement -----------------------------------------------------------------------------
     def tasks(self, split: str = "train") -> list[Task]:
@@ -212,4 +213,5 @@ def make(name: str, **kwargs: Any) -> TextEnv:
     env = ep(**kwargs)
     if not isinstance(env, TextEnv):
         raise TypeError(f"entry point for {name!r} returned {type(env).__name__}, not a TextEnv")
+    env.make_kwargs = dict(kwargs)  # recorded in trajectories so the same env can be rebuilt
     return env
