@@ -147,6 +147,20 @@ class TextEnv(gym.Env[str, str]):
         info.setdefault("steps", self.steps)
         return info
 
+    # -- the action grammar of abstract states (the dream env asks the real env) ------------------
+    def admissible_for_state(self, state: str) -> list[str] | None:
+        """The admissible actions of an abstract state of this env (None: this env cannot tell from text).
+
+        The dream env uses it to show the policy its options and to reject invalid actions itself, exactly
+        as the real env would, instead of asking the experience model.
+        """
+        return None
+
+    def action_valid_for_state(self, state: str, action: str) -> bool | None:
+        """Whether ``action`` is valid in ``state`` (None: cannot tell). Default: it is admissible."""
+        actions = self.admissible_for_state(state)
+        return None if actions is None else action.strip().lower() in {a.lower() for a in actions}
+
     # -- scripted policies ------------------------------------------------------------------------
     def scripted_policy(self, name: str, seed: int = 0, **kwargs: Any) -> ScriptedPolicy:
         """A scripted policy for this env by name. ``random`` is available everywhere."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from dreamgym.envs.base import ScriptedPolicy, TextEnv
 from dreamgym.envs.shop.catalog import Catalog, Product, build_catalog
-from dreamgym.envs.shop.pages import Click, Page, ShopState, ShopStateMapper, build_page
+from dreamgym.envs.shop.pages import Click, Page, ShopState, ShopStateMapper, build_page, clicks_in_state
 from dreamgym.envs.shop.reward import ShopGoal, purchase_reward
 from dreamgym.envs.shop.search import SearchEngine, search_engine
 from dreamgym.envs.shop.tasks import build_tasks
@@ -166,6 +166,19 @@ class ShopEnv(TextEnv):
             "success": False,
             "page": self.state.page,
         }
+
+    # -- action grammar of abstract states (for the dream env) ------------------------------------
+    def admissible_for_state(self, state: str) -> list[str]:
+        targets, searchable = clicks_in_state(state)
+        examples = self._search_state().examples if searchable else ()
+        return [f"search[{q}]" for q in examples] + [f"click[{t}]" for t in targets]
+
+    def action_valid_for_state(self, state: str, action: str) -> bool:
+        parsed = parse_action(action)
+        if parsed is None:
+            return False
+        targets, searchable = clicks_in_state(state)
+        return searchable if parsed[0] == "search" else parsed[1] in targets
 
     # -- scripted policies ------------------------------------------------------------------------
     def scripted_policy(self, name: str, seed: int = 0, **kwargs: Any) -> ScriptedPolicy:

@@ -135,3 +135,29 @@ class ShopStateMapper:
         if not isinstance(observation, Page):
             raise TypeError(f"ShopStateMapper renders shop Page objects, got {type(observation).__name__}")
         return format_elements(observation.elements)
+
+
+# The inverse of the mapper for actions: which clicks an abstract state offers, read from its lines alone
+# (the dream env has only the text). Mirrors `build_page`: buttons click by label, links by product id,
+# options by value; a searchbox makes `search[...]` valid.
+_LINE = re.compile(r"^\[\d+\] (\w+): (.*)$")
+
+
+def clicks_in_state(state: str) -> tuple[list[str], bool]:
+    """``(click targets in page order, searchable)`` of an abstract shop state."""
+    targets: list[str] = []
+    searchable = False
+    for line in state.splitlines():
+        match = _LINE.match(line.strip())
+        if match is None:
+            continue
+        kind, text = match.groups()
+        if kind == "searchbox":
+            searchable = True
+        elif kind == "button":
+            targets.append(text.lower())
+        elif kind == "link":
+            targets.append(text.split(" — ", 1)[0].strip().lower())
+        elif kind == "option" and "=" in text:
+            targets.append(text.split("=", 1)[1].removesuffix(" (selected)").strip().lower())
+    return list(dict.fromkeys(targets)), searchable

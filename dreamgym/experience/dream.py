@@ -1,0 +1,197 @@
+"""The dream: an environment backed by the experience model, with the same API as every real env.
+
+``DreamEnv`` is a :class:`~dreamgym.envs.base.TextEnv`: ``reset(options={"task": ...})`` gives the task's
+initial abstract state, ``step(action)`` asks M_exp for the next state, reward and done. The *grammar* of
+the environment (which actions a state offers, whether an action is valid) comes from the real env's
+``admissible_for_state`` / ``action_valid_for_state`` when it has them: an invalid action then gets the real
+env's answer (state unchanged, reward 0, ``invalid_action``) without a model call. No real transition is
+ever consumed: the real env object is only a grammar.
+
+``DreamEnvPool`` implements :class:`~dreamgym.rl.envpool.EnvPool` and advances all its episodes with ONE
+batched ``ExperienceModel.predict`` call per step; finished synthetic trajectories go back into the replay
+buffer (the paper's co-evolving buffer), tagged with the pool's current ``iteration``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from dreamgym.envs.base import TextEnv
+from dreamgym.experience.model import ExperienceModel
+from dreamgym.experience.protocol import ExperiencePrediction, ExperienceQuery
+from dreamgym.types import Task, Trajectory, Transition
+
+
+class InitialStates:
+    """Initial abstract states by task id, learned from real trajectories; a task without one (a synthetic
+    task) starts from the most common initial state of the env."""
+
+    def __init__(self, by_task: dict[str, str], default: str) -> None:
+        self.by_task = by_task
+        self.default = default
+
+    @classmethod
+    def from_trajectories(cls, trajs: Sequence[Trajectory]) -> InitialStates:
+        by_task = {t.task.task_id: t.transitions[0].state for t in trajs if t.transitions}
+        if not by_task:
+            raise ValueError("no trajectory with transitions to take initial states from")
+        default = Counter(by_task.values()).most_common(1)[0][0]
+        return cls(by_task, default)
+
+    def __call__(self, task: Task) -> str:
+        return self.by_task.get(task.task_id, self.by_task.get(task.parent_id or "", self.default))
+
+
+class DreamEnv(TextEnv):
+    """One dreamt episode at a time. ``grammar``: the real env whose action grammar applies (optional)."""
+
+    name = "dream"
+    source = "synthetic"
+
+    def __init__(
+        self,
+        model: ExperienceModel,
+        tasks: dict[str, list[Task]],
+        initial_state: Callable[[Task], str],
+        grammar: TextEnv | None = None,
+        max_steps: int = 15,
+    ) -> None:
+        super().__init__(max_steps=max_steps)
+        self.model = model
+        self._tasks = tasks
+        self.initial_state = initial_state
+        self.grammar = grammar
+        self.history: list[tuple[str, str]] = []
+        self.transitions: list[Transition] = []
+        self.traj_id = ""
+        self.dream_failures = 0  # steps whose model output was unparsable (served the failure state)
+        self._pending: ExperiencePrediction | None = None
+
+    def tasks(self, split: str = "train") -> list[Task]:
+        return list(self._tasks.get(split, []))
+
+    # -- episode ------------------------------------------------------------------------------------
+    def _reset(self, task: Task | None, split: str) -> tuple[str, dict[str, Any]]:
+        if task is None:
+            raise ValueError("dream env: reset needs a task (none given and the split has none)")
+        self.task = task
+        self.history, self.transitions = [], []
+        self.traj_id = f"dream-{int(self.np_random.integers(2**62)):016x}"  # reproducible from the reset seed
+        state = self.initial_state(task)
+        return state, {"admissible_actions": self._admissible(state)}
+
+    def query_for(self, action: str) -> ExperienceQuery | None:
+        """The experience model's query for ``action`` now; None when the grammar says it is invalid."""
+        state = self._last_obs
+        if self.grammar is not None and self.grammar.action_valid_for_state(state, action) is False:
+            return None
+        window = self.model.protocol.history_window
+        history = self.history[-window:] if window else []
+        assert self.task is not None
+        return ExperienceQuery(self.task.instruction, list(history), [], state, action)
+
+    def set_prediction(self, prediction: ExperiencePrediction) -> None:
+        """Hand in a prediction made in a batch (``DreamEnvPool``); the next ``step`` uses it."""
+        self._pending = prediction
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        state = self._last_obs
+        query = self.query_for(action)
+        if query is None:
+            self._pending = None
+            invalid = {"admissible_actions": self._last_info.get("admissible_actions", []), "invalid_action": True}
+            self._record(state, action, state, 0.0, False, invalid)
+            return state, 0.0, False, invalid
+        prediction = self._pending or self.model.predict([query])[0]
+        self._pending = None
+        self.history.append((state, action))
+        done = prediction.done
+        info: dict[str, Any] = {
+            "admissible_actions": [] if done else self._admissible(prediction.next_state),
+            "success": bool(prediction.success and done),
+            "reward": prediction.reward,
+        }
+        if prediction.failure:
+            self.dream_failures += 1
+            info["dream_failure"] = prediction.failure
+        self._record(state, action, prediction.next_state, prediction.reward, done, info)
+        return prediction.next_state, prediction.reward, done, info
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def _admissible(self, state: str) -> list[str]:
+        actions = self.grammar.admissible_for_state(state) if self.grammar is not None else None
+        return actions or []
+
+    def _record(self, state: str, action: str, next_state: str, reward: float, done: bool, info: dict[str, Any]) -> None:
+        truncated = not done and self.steps >= self.max_steps
+        step_info = {"invalid_action": bool(info.get("invalid_action")), **({"truncated": True} if truncated else {})}
+        if "dream_failure" in info:
+            step_info["dream_failure"] = info["dream_failure"]
+        self.transitions.append(
+            Transition(state=state, action=action, next_state=next_state, reward=reward,
+                       done=done or truncated, info=step_info)
+        )
+
+    def trajectory(self) -> Trajectory:
+        """The episode so far as a synthetic trajectory."""
+        assert self.task is not None
+        success = bool(self.transitions and self.transitions[-1].done and self._last_info.get("success"))
+        return Trajectory(traj_id=self.traj_id, task=self.task, transitions=list(self.transitions), success=success,
+                          source="synthetic", policy=None, meta={"env": self.name, "dream_failures": self.dream_failures})
+
+
+class DreamEnvPool:
+    """Many dream episodes advanced by one batched experience-model call per step (an ``EnvPool``)."""
+
+    source = "synthetic"
+
+    def __init__(self, make_env: Callable[[], DreamEnv], num_envs: int, add_to_buffer: bool = True) -> None:
+        if num_envs < 1:
+            raise ValueError(f"a dream pool needs at least one env, got num_envs={num_envs}")
+        self.envs = [make_env() for _ in range(num_envs)]
+        self.model = self.envs[0].model
+        self.num_envs = num_envs
+        self.name = self.envs[0].name
+        self.add_to_buffer = add_to_buffer
+        self.iteration = -1  # set by the trainer; tags the synthetic transitions in the buffer
+        self.finished: list[Trajectory] = []  # synthetic trajectories of episodes that ended (drained by the caller)
+
+    def tasks(self, split: str) -> list[Task]:
+        return self.envs[0].tasks(split)
+
+    def reset_batch(
+        self, indices: Sequence[int], tasks: Sequence[Task], seeds: Sequence[int], split: str
+    ) -> list[tuple[str, dict[str, Any]]]:
+        from dreamgym.rl.envpool import info_essentials
+
+        out = []
+        for i, task, seed in zip(indices, tasks, seeds, strict=True):
+            obs, info = self.envs[i].reset(seed=seed, options={"task": task, "split": split})
+            out.append((obs, info_essentials(info)))
+        return out
+
+    def step_batch(self, indices: Sequence[int], actions: Sequence[str]) -> list[Any]:
+        from dreamgym.rl.envpool import StepResult, info_essentials
+
+        queries = [self.envs[i].query_for(a) for i, a in zip(indices, actions, strict=True)]
+        asked = [(i, q) for i, q in zip(indices, queries, strict=True) if q is not None]
+        predictions = self.model.predict([q for _, q in asked])
+        for (i, _), prediction in zip(asked, predictions, strict=True):
+            self.envs[i].set_prediction(prediction)
+        results, ended = [], []
+        for i, action in zip(indices, actions, strict=True):
+            obs, reward, terminated, truncated, info = self.envs[i].step(action)
+            results.append(StepResult(obs, reward, terminated, truncated, info_essentials(info)))
+            if terminated or truncated:
+                ended.append(self.envs[i].trajectory())
+        if ended:
+            self.finished.extend(ended)
+            if self.add_to_buffer and self.model.buffer is not None:
+                self.model.buffer.add_trajectories(ended, iteration=self.iteration)
+        return results
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()

@@ -1,0 +1,180 @@
+"""``ExperienceModel``: the reasoning experience model M_exp, an LLM that plays the environment.
+
+For a batch of steps (one per live episode) it retrieves the top-k most similar real/synthetic transitions
+from the replay buffer, builds the protocol prompt (task, history window, neighbours, state, action; see
+:mod:`dreamgym.experience.protocol`), generates ``<think>…</think>`` + next state + reward + done in ONE
+batched call, and parses. A malformed output is resampled (with temperature) up to ``max_resamples`` times;
+what is still malformed becomes the protocol's failure state (state unchanged, reward 0), counted in
+``stats``. ``predict`` never raises on model output.
+
+The model directory holds a Hugging Face model plus ``experience.json`` (the protocol it was trained with),
+so that inference reads exactly the prompt format training wrote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dreamgym.experience.protocol import (
+    ExperiencePrediction,
+    ExperienceQuery,
+    Neighbour,
+    ParseResult,
+    ParseStats,
+    ProtocolConfig,
+    build_messages,
+    build_prompt_text,
+    failure_prediction,
+    parse_output,
+)
+from dreamgym.llm.base import LLM, LLMConfig, Prompt, SamplingParams, load_llm
+
+if TYPE_CHECKING:
+    from dreamgym.replay import ReplayBuffer
+
+log = logging.getLogger(__name__)
+CONFIG_FILE = "experience.json"
+
+
+class ExperienceConfig(BaseModel):
+    """How M_exp is prompted and sampled. ``protocol`` holds the ablation switches (history, k, reasoning)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    protocol: dict[str, Any] = Field(default_factory=dict, description="ProtocolConfig fields")
+    chat: bool = Field(default=True, description="prompt through the chat template (else the plain prompt text)")
+    max_new_tokens: int = Field(default=384, ge=8)
+    temperature: float = Field(default=0.0, ge=0, description="0 = greedy (the most likely next state)")
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    max_resamples: int = Field(default=2, ge=0, description="resamples of a malformed output before the fallback")
+    resample_temperature: float = Field(default=0.7, gt=0)
+    retrieval_env: str | None = Field(default=None, description="retrieve only transitions of this env")
+
+    def protocol_config(self) -> ProtocolConfig:
+        return ProtocolConfig(**self.protocol)
+
+    @classmethod
+    def from_protocol(cls, protocol: ProtocolConfig, **kwargs: Any) -> ExperienceConfig:
+        return cls(protocol=dataclasses.asdict(protocol), **kwargs)
+
+
+def save_experience_config(model_dir: str | os.PathLike[str], cfg: ExperienceConfig) -> None:
+    Path(model_dir, CONFIG_FILE).write_text(cfg.model_dump_json(indent=2))
+
+
+def neighbours_of(hits: Sequence[Any]) -> list[Neighbour]:
+    """Replay-buffer hits (anything with state, action, next_state, reward, done) as prompt neighbours."""
+    return [Neighbour(h.state, h.action, h.next_state, float(h.reward), bool(h.done)) for h in hits]
+
+
+class ExperienceModel:
+    """M_exp over any generation backend, with optional replay-buffer retrieval."""
+
+    def __init__(self, llm: LLM, cfg: ExperienceConfig | None = None, buffer: ReplayBuffer | None = None) -> None:
+        self.llm = llm
+        self.cfg = cfg or ExperienceConfig()
+        self.protocol = self.cfg.protocol_config()
+        self.buffer = buffer
+        self.stats = ParseStats()  # final outcome of every predicted step (ok, or the failure reason served)
+        self.resamples = 0  # extra generations spent on malformed outputs
+
+    @classmethod
+    def load(
+        cls,
+        model: str | os.PathLike[str] | LLMConfig,
+        buffer: ReplayBuffer | None = None,
+        cfg: ExperienceConfig | None = None,
+        device: str = "cpu",
+    ) -> ExperienceModel:
+        """Load from a model directory (reads its ``experience.json``) or any :class:`LLMConfig` endpoint."""
+        if isinstance(model, LLMConfig):
+            return cls(load_llm(model), cfg, buffer)
+        path = Path(model)
+        if cfg is None and (path / CONFIG_FILE).exists():
+            try:
+                cfg = ExperienceConfig.model_validate_json((path / CONFIG_FILE).read_text())
+            except ValueError as e:
+                raise ValueError(f"{path / CONFIG_FILE}: invalid experience config ({str(e).splitlines()[0]})") from None
+        return cls(load_llm(LLMConfig(backend="hf", model=str(path), device=device)), cfg, buffer)
+
+    # ------------------------------------------------------------------------------------------ prompt
+
+    def with_neighbours(
+        self, queries: Sequence[ExperienceQuery], exclude_traj: Sequence[str | None] | None = None
+    ) -> list[ExperienceQuery]:
+        """Fill each query's ``retrieved`` from the buffer (top-k by cosine of φ(state, action)) if empty."""
+        k = self.protocol.k
+        todo = [i for i, q in enumerate(queries) if not q.retrieved]
+        if self.buffer is None or k == 0 or not todo or len(self.buffer) == 0:
+            return list(queries)
+        excludes = [exclude_traj[i] if exclude_traj else None for i in todo]
+        hits = self.buffer.retrieve_batch(
+            [(queries[i].state, queries[i].action) for i in todo], k, env=self.cfg.retrieval_env, exclude_traj=excludes
+        )
+        out = list(queries)
+        for i, h in zip(todo, hits, strict=True):
+            out[i] = dataclasses.replace(queries[i], retrieved=neighbours_of(h))
+        return out
+
+    def prompt(self, query: ExperienceQuery) -> Prompt:
+        return build_messages(query, self.protocol) if self.cfg.chat else build_prompt_text(query, self.protocol)
+
+    # ----------------------------------------------------------------------------------------- predict
+
+    def predict(
+        self,
+        queries: Sequence[ExperienceQuery],
+        exclude_traj: Sequence[str | None] | None = None,
+        seed: int | None = None,
+    ) -> list[ExperiencePrediction]:
+        """Next state, reward and done for each query, in one batched generation (plus resamples)."""
+        if not queries:
+            return []
+        queries = self.with_neighbours(queries, exclude_traj)
+        prompts = [self.prompt(q) for q in queries]
+        results: list[ExperiencePrediction | None] = [None] * len(queries)
+        reasons: dict[int, str] = {}
+        pending = list(range(len(queries)))
+        for attempt in range(1 + self.cfg.max_resamples):
+            temperature = self.cfg.temperature if attempt == 0 else max(self.cfg.temperature, self.cfg.resample_temperature)
+            params = SamplingParams(
+                max_new_tokens=self.cfg.max_new_tokens,
+                temperature=temperature,
+                top_p=self.cfg.top_p,
+                seed=None if seed is None else seed + 7919 * attempt,
+            )
+            if attempt:
+                self.resamples += len(pending)
+            completions = self.llm.generate([prompts[i] for i in pending], params)
+            still = []
+            for i, c in zip(pending, completions, strict=True):
+                parsed = parse_output(c.text, self.protocol, length_limited=c.finish_reason == "length")
+                if parsed.prediction is not None:
+                    results[i] = parsed.prediction
+                    self.stats.add(parsed)
+                else:
+                    reasons[i] = parsed.reason or "empty"
+                    still.append(i)
+            pending = still
+            if not pending:
+                break
+        for i in pending:
+            log.warning("experience model: unparsable output (%s) after %d resamples; serving the failure state",
+                        reasons[i], self.cfg.max_resamples)
+            results[i] = failure_prediction(queries[i].state, reasons[i])
+            self.stats.add(ParseResult(None, reasons[i]))
+        return [r for r in results if r is not None]
+
+    def stats_dict(self) -> dict[str, Any]:
+        return {**self.stats.as_dict(), "resamples": self.resamples}
+
+    def __repr__(self) -> str:
+        return f"ExperienceModel(llm={type(self.llm).__name__}, cfg={json.dumps(self.cfg.model_dump())})"

@@ -1,0 +1,143 @@
+"""The dream env: same contract as the real shop, batched model calls, the buffer co-evolving, fallbacks."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from dreamgym.collect import iter_episodes
+from dreamgym.envs import make
+from dreamgym.envs.checker import check_env
+from dreamgym.experience.dream import DreamEnv, DreamEnvPool, InitialStates
+from dreamgym.experience.model import ExperienceConfig, ExperienceModel
+from dreamgym.experience.protocol import format_target
+from dreamgym.llm.base import Completion, Prompt, SamplingParams
+from dreamgym.replay import HashingEncoder, ReplayBuffer
+
+ITEM_PAGE = "[1] text: B0TEST01 — Test Shirt, Cotton\n[2] text: Price: $10.00\n[3] button: Buy Now\n[4] button: Back to Search"
+
+
+class ShopScriptLLM:
+    """A stand-in for a trained M_exp (the model's *output* is what is scripted, not the code under test):
+    answers in the protocol format, opening an item page on any click and ending with reward 1 on buy."""
+
+    tokenizer = None
+
+    def __init__(self, garbage_every: int = 0) -> None:
+        self.calls: list[int] = []
+        self.prompts: list[str] = []
+        self.garbage_every = garbage_every
+        self.n = 0
+
+    def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Completion]:
+        self.calls.append(len(prompts))
+        out = []
+        for p in prompts:
+            text = p if isinstance(p, str) else p[-1]["content"]
+            self.prompts.append(text)
+            action = re.search(r"ACTION: (.*)$", text, re.MULTILINE)
+            assert action is not None
+            self.n += 1
+            if self.garbage_every and self.n % self.garbage_every == 0:
+                out.append(Completion(text="<think>the click opens", token_ids=[], finish_reason="length"))
+                continue
+            buy = action.group(1).strip().lower() == "click[buy now]"
+            target = format_target("[1] text: Thank you for shopping!" if buy else ITEM_PAGE, 1.0 if buy else 0.0,
+                                   buy, buy, "because", ExperienceConfig().protocol_config())
+            out.append(Completion(text=target, token_ids=[], finish_reason="stop"))
+        return out
+
+    def generate_ids(self, prompt_ids: Sequence[list[int]], params: SamplingParams) -> list[Completion]:
+        raise NotImplementedError
+
+
+@pytest.fixture(scope="module")
+def shop():
+    return make("shop", num_products=100)
+
+
+@pytest.fixture(scope="module")
+def offline(shop):
+    return list(iter_episodes(shop, shop.scripted_policy("noisy", seed=0), 20, split="train", seed=0))
+
+
+def dream_env(shop, offline, llm, buffer=None, **cfg) -> DreamEnv:
+    model = ExperienceModel(llm, ExperienceConfig(**cfg), buffer=buffer)
+    tasks = {"train": shop.tasks("train")[:50], "test": shop.tasks("test")[:20]}
+    return DreamEnv(model, tasks, InitialStates.from_trajectories(offline), grammar=shop)
+
+
+def test_dream_env_honours_the_env_contract(shop, offline) -> None:
+    env = dream_env(shop, offline, ShopScriptLLM())
+    check_env(env, episodes=3)
+    obs, info = env.reset(seed=0, options={"split": "test"})
+    assert obs == offline[0].transitions[0].state  # the shop's search page
+    assert info["admissible_actions"][0].startswith("search[")
+
+
+def test_invalid_action_is_answered_by_the_grammar_without_a_model_call(shop, offline) -> None:
+    llm = ShopScriptLLM()
+    env = dream_env(shop, offline, llm)
+    obs, _ = env.reset(seed=1)
+    obs2, reward, term, trunc, info = env.step("click[buy now]")  # not on the search page
+    assert info["invalid_action"] and reward == 0.0 and obs2 == obs and not term
+    assert llm.calls == []
+    _, _, _, _, info = env.step("search[cotton shirt]")
+    assert not info["invalid_action"] and llm.calls == [1]
+    _, reward, term, _, info = env.step("click[buy now]")
+    assert term and reward == 1.0 and info["success"]
+    traj = env.trajectory()
+    assert traj.source == "synthetic" and traj.success and [t.action for t in traj.transitions][-1] == "click[buy now]"
+
+
+def test_pool_batches_one_model_call_per_step_and_feeds_the_buffer(shop, offline, tmp_path: Path) -> None:
+    llm = ShopScriptLLM()
+    buffer = ReplayBuffer.open(tmp_path / "buf", encoder=HashingEncoder())
+    buffer.add_trajectories(offline)
+    n_real = len(buffer)
+    env_proto = dict(protocol={"k": 2})
+    pool = DreamEnvPool(lambda: dream_env(shop, offline, llm, buffer, **env_proto), num_envs=4)
+    pool.iteration = 3
+    tasks = shop.tasks("train")[:4]
+    pool.reset_batch(range(4), tasks, [0, 1, 2, 3], "train")
+    pool.step_batch(range(4), ["search[cotton shirt]"] * 4)
+    assert llm.calls == [4]  # one batched call for four episodes
+    assert "SIMILAR:" in llm.prompts[0]  # neighbours retrieved from the buffer are in the prompt
+    results = pool.step_batch(range(4), ["click[buy now]", "click[back to search]", "click[nope]", "click[buy now]"])
+    assert llm.calls == [4, 3]  # the invalid click never reached the model
+    assert [r.terminated for r in results] == [True, False, False, True]
+    assert results[2].info["invalid_action"]
+    assert len(pool.finished) == 2
+    # Two 2-step synthetic episodes written back; they are identical, so exact-duplicate suppression keeps 2.
+    assert len(buffer) == n_real + 2
+    stats = buffer.stats()
+    assert stats.by_source.get("synthetic") == 2 and stats.by_iteration.get(3) == 2
+
+
+def test_malformed_outputs_are_resampled_then_counted_failures(shop, offline) -> None:
+    llm = ShopScriptLLM(garbage_every=1)  # every output malformed
+    env = dream_env(shop, offline, llm, max_resamples=2)
+    obs, _ = env.reset(seed=0)
+    obs2, reward, term, _, info = env.step("search[cotton shirt]")
+    assert obs2 == obs and reward == 0.0 and not term and info["dream_failure"] == "truncated"
+    assert llm.calls == [1, 1, 1]  # first try + 2 resamples
+    stats = env.model.stats_dict()
+    assert stats["failed"] == 1 and stats["resamples"] == 2 and stats["invalid_rate"] == 1.0
+
+
+def test_untrained_hf_model_never_breaks_the_dream(shop, offline, tmp_path: Path) -> None:
+    from dreamgym.llm.tiny import init_tiny_model
+    from dreamgym.types import write_jsonl
+
+    write_jsonl(tmp_path / "corpus.jsonl", offline)
+    init_tiny_model("micro", [tmp_path / "corpus.jsonl"], tmp_path / "m", seed=0)
+    model = ExperienceModel.load(tmp_path / "m", cfg=ExperienceConfig(max_new_tokens=24, max_resamples=1))
+    env = DreamEnv(model, {"train": shop.tasks("train")[:5]}, InitialStates.from_trajectories(offline), grammar=shop)
+    obs, info = env.reset(seed=0)
+    for _ in range(3):
+        obs, reward, term, trunc, info = env.step(info["admissible_actions"][0])
+        assert isinstance(obs, str) and 0.0 <= reward <= 1.0
+    assert model.stats.total == 3 and model.stats.failed + model.stats.ok == 3
