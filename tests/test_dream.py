@@ -82,7 +82,7 @@ def test_invalid_action_is_answered_by_the_grammar_without_a_model_call(shop, of
     llm = ShopScriptLLM()
     env = dream_env(shop, offline, llm)
     obs, _ = env.reset(seed=1)
-    obs2, reward, term, trunc, info = env.step("click[buy now]")  # not on the search page
+    obs2, reward, term, _trunc, info = env.step("click[buy now]")  # not on the search page
     assert info["invalid_action"] and reward == 0.0 and obs2 == obs and not term
     assert llm.calls == []
     _, _, _, _, info = env.step("search[cotton shirt]")
@@ -138,6 +138,6 @@ def test_untrained_hf_model_never_breaks_the_dream(shop, offline, tmp_path: Path
     env = DreamEnv(model, {"train": shop.tasks("train")[:5]}, InitialStates.from_trajectories(offline), grammar=shop)
     obs, info = env.reset(seed=0)
     for _ in range(3):
-        obs, reward, term, trunc, info = env.step(info["admissible_actions"][0])
+        obs, reward, _term, _trunc, info = env.step(info["admissible_actions"][0])
         assert isinstance(obs, str) and 0.0 <= reward <= 1.0
     assert model.stats.total == 3 and model.stats.failed + model.stats.ok == 3
