@@ -16,7 +16,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from dreamgym.envs.base import TextEnv
 from dreamgym.experience.model import ExperienceModel
@@ -195,3 +198,52 @@ class DreamEnvPool:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+# ------------------------------------------------------------------------------------------- configuration
+
+
+class DreamConfig(BaseModel):
+    """What the trainer needs to roll out in the dream instead of the real env (``RLConfig.dream``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    experience_model: str = Field(description="an experience-model dir (train-exp output) with experience.json")
+    buffer: str | None = Field(default=None, description="replay buffer dir (seeded with offline data if new)")
+    encoder: str = Field(default="hashing", description="buffer encoder for a new buffer: hashing | minilm")
+    offline_data: list[str] = Field(default_factory=list, description="real trajectories: initial states, seeding")
+    max_new_tokens: int | None = Field(default=None, ge=8, description="override experience.json")
+    temperature: float | None = Field(default=None, ge=0, description="override experience.json")
+    # the curriculum task generator
+    task_generator: str = Field(default="rule", description="rule (env's variation operator) | llm | none")
+    synthetic_share: float = Field(default=0.25, ge=0, le=1, description="λ: max share of synthetic tasks/batch")
+    seeds_per_iter: int = Field(default=4, ge=0)
+    variations_per_seed: int = Field(default=2, ge=1)
+    device: str = "cpu"
+
+
+def open_dream(cfg: DreamConfig, env: str, env_kwargs: dict[str, Any], max_steps: int,
+               tasks: dict[str, list[Task]], num_envs: int) -> DreamEnvPool:
+    """Load M_exp (+ buffer, seeded with the offline data when it is empty) and make a pool of dream envs
+    that use the real env ``env`` only as the action grammar."""
+    from dreamgym.envs import make
+    from dreamgym.replay import ReplayBuffer, make_encoder
+    from dreamgym.types import read_trajectories
+
+    offline = [t for path in cfg.offline_data for t in read_trajectories(path)]
+    if not offline:
+        raise ValueError("dream: offline_data must name at least one real trajectory file (for initial states)")
+    buffer = None
+    if cfg.buffer is not None:
+        buffer = ReplayBuffer.open(cfg.buffer, encoder=None if Path(cfg.buffer, "meta.json").exists()
+                                   else make_encoder(cfg.encoder))
+        if len(buffer) == 0:
+            buffer.add_trajectories(offline, iteration=-1)
+    model = ExperienceModel.load(cfg.experience_model, buffer=buffer, device=cfg.device)
+    overrides = {k: v for k, v in (("max_new_tokens", cfg.max_new_tokens), ("temperature", cfg.temperature))
+                 if v is not None}
+    if overrides:
+        model.cfg = model.cfg.model_copy(update=overrides)
+    grammar = make(env, **env_kwargs)
+    initial = InitialStates.from_trajectories(offline)
+    return DreamEnvPool(lambda: DreamEnv(model, tasks, initial, grammar=grammar, max_steps=max_steps), num_envs)
