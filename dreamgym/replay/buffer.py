@@ -1,0 +1,397 @@
+"""The experience replay buffer: the experience model's memory of real and synthetic transitions.
+
+Seeded with offline real trajectories and enriched with every synthetic one produced during RL; at each step
+the experience model retrieves the top-k stored transitions whose φ(state, action) is most cosine-similar to
+the current one's. Persistence and crash safety live in :mod:`~dreamgym.replay.store`, the ANN index in
+:mod:`~dreamgym.replay.index`, φ in :mod:`~dreamgym.replay.encoder`.
+
+Filters (``env``, ``source``, ``exclude_traj``) are applied after the index search, which over-fetches in
+proportion to how many rows the filter rejects; a query left with fewer than k hits (while more exist) is
+answered by an exact search over the rows that pass. Filters that keep at most ``exact_max_rows`` rows are
+always answered exactly. Not thread-safe: one buffer object per thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel
+
+from dreamgym.replay.encoder import (
+    CachedEncoder,
+    Encoder,
+    MiniLMEncoder,
+    l2_normalise,
+    make_encoder,
+    phi_text,
+)
+from dreamgym.replay.index import IndexConfig, VectorIndex, exact_knn
+from dreamgym.replay.record import ReplayRecord, Retrieved
+from dreamgym.replay.store import StoreMeta, TransitionStore
+from dreamgym.types import Trajectory
+
+log = logging.getLogger(__name__)
+EXACT_CHUNK = 262_144  # rows per brute-force pass in exact search (bounds the memory of a gather)
+MAX_OVERFETCH = 4_096
+
+
+class BufferStats(BaseModel):
+    path: str
+    encoder: str
+    dim: int
+    transitions: int
+    trajectories: int
+    by_env: dict[str, int]
+    by_source: dict[str, int]
+    by_iteration: dict[int, int]
+    index: str
+    index_rows: int
+    snapshot_rows: int
+    exact_fallbacks: int
+    disk_bytes: int
+
+
+class ReplayBuffer:
+    """Persistent store of transitions + embeddings + faiss index in one directory. Use :meth:`open`."""
+
+    def __init__(self, store: TransitionStore, index: VectorIndex, encoder: Encoder) -> None:
+        self.store = store
+        self.index = index
+        self.encoder = encoder
+        self.phi = CachedEncoder(encoder)  # a retrieved (s, a) is usually added later: encode it once
+        self._subsets: dict[tuple[int | None, int | None], tuple[np.ndarray, np.ndarray]] = {}
+        self.exact_fallbacks = 0  # filtered queries the index could not answer (since open)
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        encoder: Encoder | None = None,
+        *,
+        create: bool = True,
+        read_only: bool = False,
+        config: IndexConfig | None = None,
+    ) -> ReplayBuffer:
+        """Open (or with ``create``, make) the buffer at ``path``.
+
+        ``encoder=None`` uses the encoder recorded in the buffer (MiniLM for a new one); an encoder whose name
+        differs from the recorded one is an error, since its vectors would not be comparable. ``read_only``
+        opens without the writer lock: it sees the batches committed when it opened, even while a writer runs.
+        """
+        root = Path(path)
+        stored = TransitionStore.read_meta(root)
+        if encoder is None and stored is not None:
+            name = stored.encoder
+            try:
+                encoder = make_encoder(name)
+            except ValueError:
+                raise ValueError(f"{root}: built with encoder {name!r}; pass that encoder to open it") from None
+        encoder = encoder if encoder is not None else MiniLMEncoder()
+        meta = StoreMeta(encoder=encoder.name, dim=encoder.dim) if create else None
+        store = TransitionStore.open(root, meta, read_only)
+        try:
+            if (store.meta.encoder, store.meta.dim) != (encoder.name, encoder.dim):
+                raise ValueError(
+                    f"{root}: buffer was built with encoder {store.meta.encoder!r} (dim {store.meta.dim}), "
+                    f"not {encoder.name!r} (dim {encoder.dim})"
+                )
+            index = VectorIndex.load(root, store.embeddings(), config or IndexConfig(), read_only)
+        except BaseException:
+            store.close()
+            raise
+        return cls(store, index, encoder)
+
+    @property
+    def path(self) -> Path:
+        return self.store.path
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def __enter__(self) -> ReplayBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------------------------------------- adding
+
+    def add_trajectories(self, trajs: Iterable[Trajectory], iteration: int = -1) -> int:
+        """Add every transition of ``trajs`` as one atomic batch; returns how many were new (not duplicates)."""
+        return self.add_transitions(
+            [r for traj in trajs for r in ReplayRecord.from_trajectory(traj, iteration=iteration)]
+        )
+
+    def add_transitions(self, records: Sequence[ReplayRecord]) -> int:
+        """Embed the records that are not exact duplicates and commit them as one batch; returns that count."""
+        fresh, keys = self._dedup(records)
+        if not fresh:
+            return 0
+        embeddings = self.phi.encode([phi_text(r.state, r.action) for r in fresh])
+        self._commit(fresh, keys, embeddings)
+        return len(fresh)
+
+    def add_embedded(self, records: Sequence[ReplayRecord], embeddings: np.ndarray) -> int:
+        """Like :meth:`add_transitions` with precomputed φ (``len(records) x dim``; rows are L2-normalised)."""
+        emb = np.asarray(embeddings, dtype=np.float32)
+        if emb.shape != (len(records), self.store.meta.dim):
+            raise ValueError(f"embeddings have shape {emb.shape}, expected ({len(records)}, {self.store.meta.dim})")
+        if not np.isfinite(emb).all():
+            raise ValueError("embeddings contain NaN or inf")
+        keep: list[int] = []
+        fresh, keys = self._dedup(records, keep)
+        if fresh:
+            self._commit(fresh, keys, l2_normalise(emb[keep]))
+        return len(fresh)
+
+    def _dedup(
+        self, records: Sequence[ReplayRecord], keep: list[int] | None = None
+    ) -> tuple[list[ReplayRecord], list[bytes]]:
+        fresh: list[ReplayRecord] = []
+        keys: list[bytes] = []
+        seen: set[bytes] = set()
+        for i, record in enumerate(records):
+            key = record.key()
+            if key in self.store or key in seen:
+                continue
+            seen.add(key)
+            fresh.append(record)
+            keys.append(key)
+            if keep is not None:
+                keep.append(i)
+        return fresh, keys
+
+    def _commit(self, records: list[ReplayRecord], keys: list[bytes], embeddings: np.ndarray) -> None:
+        self.store.append(records, keys, embeddings)
+        self._subsets.clear()
+        self.index.add(embeddings)
+        if self.index.needs_snapshot():
+            self.index.save(self.path)
+
+    # ------------------------------------------------------------------------------------------- retrieval
+
+    def retrieve(
+        self,
+        state: str,
+        action: str,
+        k: int = 8,
+        *,
+        env: str | None = None,
+        exclude_traj: str | None = None,
+        source: str | None = None,
+    ) -> list[Retrieved]:
+        """The k stored transitions most similar to (state, action), best first."""
+        return self.retrieve_batch([(state, action)], k, env=env, exclude_traj=[exclude_traj], source=source)[0]
+
+    def retrieve_batch(
+        self,
+        queries: Sequence[tuple[str, str]],
+        k: int = 8,
+        *,
+        env: str | None = None,
+        exclude_traj: Sequence[str | None] | None = None,
+        source: str | None = None,
+    ) -> list[list[Retrieved]]:
+        """:meth:`retrieve` for many (state, action) queries in one encoder call and one index search.
+
+        ``exclude_traj`` gives one trajectory id (or None) per query, e.g. each episode's own.
+        """
+        if not queries:
+            return []
+        embeddings = self.phi.encode([phi_text(s, a) for s, a in queries])
+        return self.search(embeddings, k, env=env, exclude_traj=exclude_traj, source=source)
+
+    def search(
+        self,
+        embeddings: np.ndarray,
+        k: int = 8,
+        *,
+        env: str | None = None,
+        exclude_traj: Sequence[str | None] | None = None,
+        source: str | None = None,
+    ) -> list[list[Retrieved]]:
+        """Retrieval for precomputed query embeddings (``n x dim``, unit rows)."""
+        hits = self.search_rows(embeddings, k, env=env, exclude_traj=exclude_traj, source=source)
+        return [
+            [Retrieved(**self.store.record(row).model_dump(), score=score, row=row) for row, score in q]
+            for q in hits
+        ]
+
+    def search_rows(
+        self,
+        embeddings: np.ndarray,
+        k: int = 8,
+        *,
+        env: str | None = None,
+        exclude_traj: Sequence[str | None] | None = None,
+        source: str | None = None,
+    ) -> list[list[tuple[int, float]]]:
+        """Like :meth:`search` but returns (row, cosine) pairs without reading the records."""
+        queries = np.atleast_2d(np.asarray(embeddings, dtype=np.float32))
+        if queries.shape[1] != self.store.meta.dim:
+            raise ValueError(f"query embeddings have dim {queries.shape[1]}, buffer has {self.store.meta.dim}")
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        excludes = list(exclude_traj) if exclude_traj is not None else [None] * len(queries)
+        if len(excludes) != len(queries):
+            raise ValueError(f"exclude_traj has {len(excludes)} entries for {len(queries)} queries")
+        env_code = self.store.envs.codes.get(env, -1) if env is not None else None
+        source_code = self.store.sources.codes.get(source, -1) if source is not None else None
+        passing = self._count_passing(env_code, source_code)
+        excluded = [self._excluded_rows(t, env_code, source_code) for t in excludes]
+        if passing == 0:
+            return [[] for _ in excludes]
+        filtered = env is not None or source is not None
+        if filtered and passing <= self.index.config.exact_max_rows:
+            return [self._exact(q, k, env_code, source_code, ex) for q, ex in zip(queries, excluded, strict=True)]
+
+        # Over-fetch in proportion to what the filter rejects; queries left short retry with 4x the candidates,
+        # then (past MAX_OVERFETCH) fall back to exact search.
+        n = len(self)
+        fetch = k + max(len(ex) for ex in excluded)
+        if filtered:
+            fetch = int(fetch * n / passing * 2) + 16
+        out: list[list[tuple[int, float]]] = [[] for _ in excluded]
+        pending = list(range(len(queries)))
+        while pending:
+            fetch = min(n, MAX_OVERFETCH, fetch)
+            scores, ids = self.index.search(queries[pending], fetch)
+            short = []
+            for qi, row_ids, row_scores in zip(pending, ids, scores, strict=True):
+                hits = self._filter_hits(row_ids, row_scores, env_code, source_code, excluded[qi])
+                if len(hits) >= min(k, passing - len(excluded[qi])):
+                    out[qi] = hits[:k]
+                else:
+                    short.append(qi)
+            if short and fetch == min(n, MAX_OVERFETCH):
+                for qi in short:
+                    self.exact_fallbacks += 1
+                    log.debug("replay: too few index hits passed the filter; exact search instead")
+                    out[qi] = self._exact(queries[qi], k, env_code, source_code, excluded[qi])
+                break
+            pending, fetch = short, fetch * 4
+        return out
+
+    def _filter_hits(
+        self, row_ids: np.ndarray, row_scores: np.ndarray, env_code: int | None, source_code: int | None, ex: set[int]
+    ) -> list[tuple[int, float]]:
+        """The (row, score) candidates of one query that pass the filters, in the index's order."""
+        ok = row_ids >= 0
+        safe = np.maximum(row_ids, 0)
+        if env_code is not None:
+            ok &= self.store.env_codes.values[safe] == env_code
+        if source_code is not None:
+            ok &= self.store.source_codes.values[safe] == source_code
+        return [(int(r), float(s)) for r, s in zip(row_ids[ok], row_scores[ok], strict=True) if int(r) not in ex]
+
+    def _count_passing(self, env_code: int | None, source_code: int | None) -> int:
+        return sum(
+            c
+            for (e, s), c in self.store.counts.items()
+            if (env_code is None or e == env_code) and (source_code is None or s == source_code)
+        )
+
+    def _excluded_rows(self, traj_id: str | None, env_code: int | None, source_code: int | None) -> set[int]:
+        """Rows of ``traj_id`` that would otherwise pass the filter."""
+        code = self.store.trajs.codes.get(traj_id) if traj_id is not None else None
+        if code is None:
+            return set()
+        return {
+            r
+            for r in self.store.traj_rows[code]
+            if (env_code is None or self.store.env_codes.values[r] == env_code)
+            and (source_code is None or self.store.source_codes.values[r] == source_code)
+        }
+
+    def _subset(self, env_code: int | None, source_code: int | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Rows passing the filter and, for small subsets, their vectors (cached until the next add)."""
+        if env_code is None and source_code is None:
+            return np.arange(len(self)), None
+        cached = self._subsets.get((env_code, source_code))
+        if cached is not None:
+            return cached
+        mask = np.ones(len(self), dtype=bool)
+        if env_code is not None:
+            mask &= self.store.env_codes.values == env_code
+        if source_code is not None:
+            mask &= self.store.source_codes.values == source_code
+        rows = np.flatnonzero(mask)
+        if len(rows) > self.index.config.exact_max_rows:
+            return rows, None
+        subset = (rows, np.ascontiguousarray(self.store.embeddings()[rows]))
+        self._subsets[env_code, source_code] = subset
+        return subset
+
+    def _exact(
+        self, query: np.ndarray, k: int, env_code: int | None, source_code: int | None, excluded: set[int]
+    ) -> list[tuple[int, float]]:
+        """Brute-force top-k cosine over the rows passing the filter, in chunks of ``EXACT_CHUNK`` rows."""
+        rows, vectors = self._subset(env_code, source_code)
+        unfiltered = env_code is None and source_code is None
+        all_vectors = self.store.embeddings()
+        hits: list[tuple[int, float]] = []
+        for start in range(0, len(rows), EXACT_CHUNK):
+            chunk = rows[start : start + EXACT_CHUNK]
+            if vectors is not None:
+                mat = vectors[start : start + EXACT_CHUNK]
+            else:  # a slice of the memory map when unfiltered, a gather otherwise
+                mat = all_vectors[start : start + EXACT_CHUNK] if unfiltered else all_vectors[chunk]
+            scores, pos = exact_knn(query[None, :], mat, k + len(excluded), self.index.config.threads)
+            hits.extend((int(chunk[p]), float(s)) for p, s in zip(pos[0], scores[0], strict=True))
+        hits = [h for h in hits if h[0] not in excluded]
+        return sorted(hits, key=lambda h: -h[1])[:k]
+
+    # --------------------------------------------------------------------------------------- maintenance
+
+    def record(self, row: int) -> ReplayRecord:
+        return self.store.record(row)
+
+    def stats(self) -> BufferStats:
+        store = self.store
+        return BufferStats(
+            path=str(self.path),
+            encoder=store.meta.encoder,
+            dim=store.meta.dim,
+            transitions=len(store),
+            trajectories=len(store.trajs.names),
+            by_env={store.envs.names[e]: c for e, c in self._sum_counts(0).items()},
+            by_source={store.sources.names[s]: c for s, c in self._sum_counts(1).items()},
+            by_iteration=dict(sorted(store.iterations.items())),
+            index=self.index.kind,
+            index_rows=self.index.ntotal,
+            snapshot_rows=self.index.snapshot_rows,
+            exact_fallbacks=self.exact_fallbacks,
+            disk_bytes=store.disk_bytes(),
+        )
+
+    def _sum_counts(self, axis: int) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for key, c in self.store.counts.items():
+            out[key[axis]] = out.get(key[axis], 0) + c
+        return out
+
+    def check(self, sample: int = 1_000) -> None:
+        """Raise ``RuntimeError`` if the index does not cover exactly the stored rows with the stored vectors."""
+        n = len(self)
+        if self.index.ntotal != n:
+            raise RuntimeError(f"{self.path}: index covers {self.index.ntotal} rows, store has {n}")
+        rows = np.unique(np.linspace(0, n - 1, num=min(n, sample)).astype(np.int64))
+        stored = self.store.embeddings()
+        for row in rows:
+            if not np.array_equal(self.index.vectors(int(row), int(row) + 1)[0], stored[row]):
+                raise RuntimeError(f"{self.path}: index vector of row {row} differs from the stored one")
+
+    def flush(self) -> None:
+        """Snapshot the index now (it is also snapshotted on close and as it grows)."""
+        if not self.store.read_only:
+            self.index.save(self.path)
+
+    def close(self) -> None:
+        """Snapshot the index (writers) and release the files and the writer lock. Idempotent."""
+        if self.store.is_open and not self.store.read_only:
+            self.index.save(self.path)
+        self.store.close()

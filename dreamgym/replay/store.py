@@ -1,0 +1,291 @@
+"""Crash-safe, append-only storage of replay records and their embeddings in one directory.
+
+Layout::
+
+    meta.json        {"format": 1, "encoder": "...", "dim": d}    written once, atomically
+    records.jsonl    one ReplayRecord per line                    append-only
+    embeddings.f32   raw float32, row i = φ of record i           append-only
+    commit.json      {"rows": n, "records_bytes": b}              replaced atomically after each batch
+    lock             held (flock) by the one writer
+
+Commit protocol of a batch: append to both data files and fsync them, then write ``commit.json`` to a temp
+file, fsync it and ``os.replace`` it over the old one. Bytes past the committed sizes belong to a torn batch:
+a writer truncates them on open, a reader ignores them. A ``kill -9`` at any moment therefore loses at most
+the batch being written and never exposes half a record; readers may open a buffer while a writer appends.
+
+Besides the files, the store keeps in memory what retrieval filters need (env, source and trajectory of each
+row as small integer codes), the byte offset of each record (records are read back with ``pread``) and the
+exact-duplicate keys.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from array import array
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from dreamgym.replay.files import fsync_dir, write_all, write_atomic
+from dreamgym.replay.record import ReplayRecord
+from dreamgym.types import DataError
+
+FORMAT = 1
+META, RECORDS, EMBEDDINGS, COMMIT, LOCK = "meta.json", "records.jsonl", "embeddings.f32", "commit.json", "lock"
+
+
+class StoreMeta(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: int = FORMAT
+    encoder: str
+    dim: int
+
+
+class Commit(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rows: int = 0
+    records_bytes: int = 0
+
+
+class Vocab:
+    """Interns strings (env names, sources, trajectory ids) as dense integer codes."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.codes: dict[str, int] = {}
+
+    def intern(self, name: str) -> int:
+        code = self.codes.get(name)
+        if code is None:
+            code = self.codes[name] = len(self.names)
+            self.names.append(name)
+        return code
+
+
+class Column:
+    """A growable int32 column: amortised O(1) appends, ``values`` is a numpy view of the filled part.
+
+    (Not ``array.array``: a numpy view of one blocks its resizing while the view lives.)
+    """
+
+    def __init__(self) -> None:
+        self._data = np.zeros(1024, dtype=np.int32)
+        self.size = 0
+
+    def append(self, value: int) -> None:
+        if self.size == len(self._data):
+            self._data = np.concatenate([self._data, np.zeros_like(self._data)])
+        self._data[self.size] = value
+        self.size += 1
+
+    @property
+    def values(self) -> np.ndarray:
+        return self._data[: self.size]
+
+
+def _read_model(path: Path, model: type[BaseModel]) -> BaseModel:
+    try:
+        return model.model_validate_json(path.read_bytes())
+    except ValidationError as e:
+        raise DataError(f"{path}: malformed ({e.errors()[0]['msg']})") from None
+
+
+class TransitionStore:
+    """The files of one replay buffer. Single writer (enforced by a lock), any number of readers."""
+
+    def __init__(self, path: Path, meta: StoreMeta, read_only: bool, lock_fd: int | None) -> None:
+        self.path = path
+        self.meta = meta
+        self.read_only = read_only
+        self._lock_fd = lock_fd
+        self.rows = 0
+        self.records_bytes = 0
+        self._offsets = array("q", [0])  # byte offset of each record, plus the end
+        self.env_codes, self.source_codes, self.traj_codes = Column(), Column(), Column()
+        self.envs, self.sources, self.trajs = Vocab(), Vocab(), Vocab()
+        self.traj_rows: dict[int, list[int]] = {}
+        self.counts: Counter[tuple[int, int]] = Counter()  # rows per (env code, source code)
+        self.iterations: Counter[int] = Counter()
+        self._keys: set[bytes] = set()
+        self._emb_view: np.ndarray | None = None
+        self._read_fd = -1
+        self._rec_fd = self._emb_fd = -1
+
+    # ------------------------------------------------------------------------------------------ opening
+
+    @staticmethod
+    def read_meta(root: Path) -> StoreMeta | None:
+        """The metadata of the buffer at ``root``, None if there is none."""
+        path = root / META
+        if not path.exists():
+            return None
+        meta = _read_model(path, StoreMeta)
+        assert isinstance(meta, StoreMeta)
+        if meta.format != FORMAT:
+            raise DataError(f"{path}: unsupported buffer format {meta.format} (this dreamgym reads {FORMAT})")
+        return meta
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], meta: StoreMeta | None, read_only: bool) -> TransitionStore:
+        """Open the store at ``path``; create it with ``meta`` if it does not exist and ``meta`` is given."""
+        root = Path(path)
+        meta_path = root / META
+        if not meta_path.exists():
+            if meta is None or read_only:
+                raise FileNotFoundError(f"{root}: no replay buffer here (no {META})")
+            if root.exists() and any(root.iterdir()):
+                raise DataError(f"{root}: directory is not empty and holds no replay buffer ({META} missing)")
+            root.mkdir(parents=True, exist_ok=True)
+            write_atomic(meta_path, meta.model_dump_json().encode())
+        stored = cls.read_meta(root)
+        assert stored is not None
+        lock_fd = None if read_only else cls._lock(root)
+        store = cls(root, stored, read_only, lock_fd)
+        try:
+            store._load()
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    @staticmethod
+    def _lock(root: Path) -> int:
+        fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ValueError(f"{root}: the replay buffer is open for writing by another process") from None
+        return fd
+
+    def _load(self) -> None:
+        commit_path = self.path / COMMIT
+        commit = _read_model(commit_path, Commit) if commit_path.exists() else Commit()
+        assert isinstance(commit, Commit)
+        rec_path, emb_path = self.path / RECORDS, self.path / EMBEDDINGS
+        emb_bytes = commit.rows * self.meta.dim * 4
+        for p, need in ((rec_path, commit.records_bytes), (emb_path, emb_bytes)):
+            have = p.stat().st_size if p.exists() else 0
+            if have < need:
+                raise DataError(f"{p}: {have} bytes but {need} are committed (damaged outside dreamgym)")
+            if have > need and not self.read_only:
+                # A batch that was being written when the last writer died: drop it.
+                os.truncate(p, need)
+        if not self.read_only:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+            self._rec_fd, self._emb_fd = os.open(rec_path, flags, 0o644), os.open(emb_path, flags, 0o644)
+            fsync_dir(self.path)
+        self._read_fd = os.open(rec_path, os.O_RDONLY)
+        self._scan(rec_path, commit)
+
+    def _scan(self, rec_path: Path, commit: Commit) -> None:
+        """Read the committed records once: validates every line and rebuilds the in-memory columns."""
+        with rec_path.open("rb") as f:
+            pos = 0
+            while pos < commit.records_bytes:
+                line = f.readline(commit.records_bytes - pos)
+                where = f"{rec_path}:{self.rows + 1}"
+                if not line.endswith(b"\n"):
+                    raise DataError(f"{where}: committed record is cut short")
+                try:
+                    record = ReplayRecord.model_validate_json(line)
+                except ValidationError as e:
+                    raise DataError(f"{where}: malformed record ({e.errors()[0]['msg']})") from None
+                pos += len(line)
+                self._index_row(record, record.key(), pos)
+        if self.rows != commit.rows:
+            raise DataError(f"{rec_path}: {self.rows} records but {commit.rows} are committed")
+        self.records_bytes = pos
+
+    def _index_row(self, record: ReplayRecord, key: bytes, end: int) -> None:
+        env, source, traj = (
+            self.envs.intern(record.env),
+            self.sources.intern(record.source),
+            self.trajs.intern(record.traj_id),
+        )
+        self.env_codes.append(env)
+        self.source_codes.append(source)
+        self.traj_codes.append(traj)
+        self.traj_rows.setdefault(traj, []).append(self.rows)
+        self.counts[env, source] += 1
+        self.iterations[record.iteration] += 1
+        self._keys.add(key)
+        self._offsets.append(end)
+        self.rows += 1
+
+    # ---------------------------------------------------------------------------------------- appending
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._keys
+
+    def append(self, records: Sequence[ReplayRecord], keys: Sequence[bytes], embeddings: np.ndarray) -> None:
+        """Commit one batch (already deduplicated, embeddings float32 ``len(records) x dim``) atomically."""
+        if self.read_only:
+            raise ValueError(f"{self.path}: replay buffer opened read-only")
+        if not records:
+            return
+        lines = [r.model_dump_json().encode() + b"\n" for r in records]
+        data = b"".join(lines)
+        try:
+            write_all(self._rec_fd, data)
+            write_all(self._emb_fd, np.ascontiguousarray(embeddings, dtype=np.float32).tobytes())
+            os.fsync(self._rec_fd)
+            os.fsync(self._emb_fd)
+            commit = Commit(rows=self.rows + len(records), records_bytes=self.records_bytes + len(data))
+            write_atomic(self.path / COMMIT, commit.model_dump_json().encode())
+        except BaseException:
+            # Nothing of this batch is committed: cut what reached the data files so the next batch
+            # starts at the committed end (a failure here leaves it to the next open).
+            os.ftruncate(self._rec_fd, self.records_bytes)
+            os.ftruncate(self._emb_fd, self.rows * self.meta.dim * 4)
+            raise
+        end = self.records_bytes
+        for record, key, line in zip(records, keys, lines, strict=True):
+            end += len(line)
+            self._index_row(record, key, end)
+        self.records_bytes = end
+
+    # ------------------------------------------------------------------------------------------ reading
+
+    def record(self, row: int) -> ReplayRecord:
+        if not 0 <= row < self.rows:
+            raise IndexError(f"row {row} out of range (store has {self.rows})")
+        start, end = self._offsets[row], self._offsets[row + 1]
+        return ReplayRecord.model_validate_json(os.pread(self._read_fd, end - start, start))
+
+    def embeddings(self) -> np.ndarray:
+        """All committed embeddings, ``rows x dim`` float32, memory-mapped read-only."""
+        if self.rows == 0:
+            return np.zeros((0, self.meta.dim), dtype=np.float32)
+        if self._emb_view is None or len(self._emb_view) != self.rows:
+            self._emb_view = np.memmap(
+                self.path / EMBEDDINGS, dtype=np.float32, mode="r", shape=(self.rows, self.meta.dim)
+            )
+        return self._emb_view
+
+    def disk_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.path.iterdir() if p.is_file())
+
+    @property
+    def is_open(self) -> bool:
+        return self._read_fd >= 0
+
+    def close(self) -> None:
+        self._emb_view = None
+        for fd in (self._rec_fd, self._emb_fd, self._read_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._rec_fd = self._emb_fd = self._read_fd = -1
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
+

@@ -1,0 +1,382 @@
+"""The experience replay buffer: retrieval against brute force, filters, duplicates, persistence, crashes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dreamgym.collect import iter_episodes
+from dreamgym.envs import make
+from dreamgym.envs.shop.policies import make_policy
+from dreamgym.replay import HashingEncoder, IndexConfig, ReplayBuffer, ReplayRecord, phi_text
+from dreamgym.types import Source, Trajectory, write_jsonl
+
+HNSW = IndexConfig(exact_max_rows=100, snapshot_min_rows=10_000_000)  # HNSW from 100 rows, snapshot on close
+
+
+@pytest.fixture(scope="module")
+def shop_trajs() -> list[Trajectory]:
+    env = make("shop", num_products=100)
+    return list(iter_episodes(env, make_policy("noisy", seed=0), 24))
+
+
+def records(n: int, env: str = "shop", source: Source = "real", prefix: str = "r", per_traj: int = 10) -> list[ReplayRecord]:
+    return [
+        ReplayRecord(
+            traj_id=f"{prefix}-traj{i // per_traj}", task_id=f"task{i // per_traj}", instruction="buy a thing",
+            env=env, source=source, step=i % per_traj, state=f"{prefix} state {i}", action=f"click[{prefix}{i}]",
+            next_state=f"{prefix} next {i}", reward=float(i % 2), done=i % per_traj == per_traj - 1,
+        )
+        for i in range(n)
+    ]
+
+
+def clustered(n: int, dim: int, seed: int, centre: np.ndarray | None = None) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((20, dim)) if centre is None else centre[None, :]
+    x = centres[rng.integers(0, len(centres), n)] + 0.5 * rng.standard_normal((n, dim))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def brute_force(vectors: np.ndarray, query: np.ndarray, k: int, rows: np.ndarray | None = None) -> list[int]:
+    rows = np.arange(len(vectors)) if rows is None else rows
+    scores = vectors[rows] @ query
+    return [int(r) for r in rows[np.argsort(-scores, kind="stable")[:k]]]
+
+
+def test_retrieval_matches_brute_force_exact_and_hnsw(tmp_path: Path) -> None:
+    dim, n = 32, 3000
+    vectors, queries = clustered(n, dim, seed=0), clustered(50, dim, seed=1)
+    for name, config in (("exact", IndexConfig()), ("hnsw", HNSW)):
+        with ReplayBuffer.open(tmp_path / name, HashingEncoder(dim), config=config) as buf:
+            assert buf.add_embedded(records(n), vectors) == n
+            assert buf.index.kind == name
+            hits = buf.search_rows(queries, k=8)
+        recall = []
+        for q, got in zip(queries, hits, strict=True):
+            truth = brute_force(vectors, q, 8)
+            rows = [r for r, _ in got]
+            np.testing.assert_allclose([s for _, s in got], vectors[rows] @ q, atol=1e-5)  # scores are cosines
+            assert [s for _, s in got] == sorted((s for _, s in got), reverse=True)
+            if name == "exact":
+                assert rows == truth
+            recall.append(len(set(rows) & set(truth)) / 8)
+        assert np.mean(recall) >= 0.95, (name, np.mean(recall))
+
+
+def test_retrieve_by_text_returns_the_planted_transition_first(tmp_path: Path, shop_trajs: list[Trajectory]) -> None:
+    enc = HashingEncoder(256)
+    with ReplayBuffer.open(tmp_path / "b", enc) as buf:
+        added = buf.add_trajectories(shop_trajs)
+        stored = [buf.record(i) for i in range(len(buf))]
+        vectors = enc.encode([phi_text(r.state, r.action) for r in stored])
+        for row in range(0, added, 7):
+            r = stored[row]
+            hits = buf.retrieve(r.state, r.action, k=5)
+            assert hits[0].row == row and hits[0].score == pytest.approx(1.0, abs=1e-5)
+            assert (hits[0].state, hits[0].action, hits[0].next_state) == (r.state, r.action, r.next_state)
+            assert hits[0].instruction == r.instruction and hits[0].traj_id == r.traj_id
+            truth = vectors @ vectors[row]  # ties are common in hashed features: compare scores, not order
+            np.testing.assert_allclose([h.score for h in hits], np.sort(truth)[::-1][:5], atol=1e-5)
+            np.testing.assert_allclose([h.score for h in hits], truth[[h.row for h in hits]], atol=1e-5)
+        batch = buf.retrieve_batch([(r.state, r.action) for r in stored[:4]], k=3)
+        assert [b[0].row for b in batch] == [0, 1, 2, 3]
+
+
+class CountingEncoder(HashingEncoder):
+    """The hashing encoder, counting the texts it is asked to embed."""
+
+    def __init__(self) -> None:
+        super().__init__(64)
+        self.encoded = 0
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        self.encoded += len(texts)
+        return super().encode(texts)
+
+
+def test_transitions_retrieved_for_are_not_encoded_again_when_added(
+    tmp_path: Path, shop_trajs: list[Trajectory]
+) -> None:
+    enc = CountingEncoder()
+    with ReplayBuffer.open(tmp_path / "b", enc) as buf:
+        buf.add_trajectories(shop_trajs[:4])
+        queries = [(x.state, x.action) for t in shop_trajs[4:] for x in t.transitions]  # the dream episodes
+        buf.retrieve_batch(queries, k=2)
+        encoded = enc.encoded
+        added = buf.add_trajectories(shop_trajs[4:], iteration=0)  # ... added once they end
+        assert added > 0 and enc.encoded == encoded
+        new = [buf.record(i) for i in range(len(buf) - added, len(buf))]
+        fresh = HashingEncoder(64).encode([phi_text(r.state, r.action) for r in new])
+        np.testing.assert_array_equal(buf.store.embeddings()[-added:], fresh)
+
+
+def test_filters_env_source_and_exclude_traj(tmp_path: Path) -> None:
+    dim = 16
+    recs = records(300, "shop", "real", "a") + records(200, "web", "real", "b") + records(100, "shop", "synthetic", "c")
+    vectors = clustered(len(recs), dim, seed=2)
+    with ReplayBuffer.open(tmp_path / "b", HashingEncoder(dim)) as buf:
+        buf.add_embedded(recs, vectors)
+        query = vectors[5]  # a row of trajectory "a-traj0"
+        cases = [
+            ({}, lambda r: True),
+            ({"env": "web"}, lambda r: r.env == "web"),
+            ({"source": "synthetic"}, lambda r: r.source == "synthetic"),
+            ({"env": "shop", "source": "real"}, lambda r: r.env == "shop" and r.source == "real"),
+            ({"exclude_traj": "a-traj0"}, lambda r: r.traj_id != "a-traj0"),
+            ({"env": "shop", "exclude_traj": "a-traj0"}, lambda r: r.env == "shop" and r.traj_id != "a-traj0"),
+        ]
+        for kwargs, keep in cases:
+            exclude = kwargs.pop("exclude_traj", None)
+            got = buf.search(query, k=8, exclude_traj=[exclude], **kwargs)[0]
+            allowed = np.array([i for i, r in enumerate(recs) if keep(r) and r.traj_id != exclude])
+            assert [h.row for h in got] == brute_force(vectors, query, 8, allowed), kwargs
+            assert all(keep(h) for h in got)
+        assert buf.search(query, k=8, env="nowhere")[0] == []
+        assert buf.search(query, k=8, source="synthetic", env="web")[0] == []
+        assert len(buf.search(query, k=1000)[0]) == len(recs)  # k larger than the buffer
+
+
+def test_filtered_hnsw_search_falls_back_to_exact(tmp_path: Path) -> None:
+    """The rows passing the filter sit far from the query: more candidates than the index may over-fetch
+    (4096) fail the filter, so the query is answered by exact search."""
+    dim = 16
+    axis = np.eye(dim, dtype=np.float32)[0]
+    near, far = clustered(4500, dim, 3, centre=4 * axis), clustered(700, dim, 4, centre=-4 * axis)
+    vectors = np.concatenate([near, far])
+    with ReplayBuffer.open(tmp_path / "b", HashingEncoder(dim), config=HNSW) as buf:
+        buf.add_embedded(records(4500, "shop", prefix="n") + records(700, "web", prefix="f"), vectors)
+        assert buf.index.kind == "hnsw"
+        got = buf.search_rows(axis, k=8, env="web")[0]
+        assert [r for r, _ in got] == brute_force(vectors, axis, 8, np.arange(4500, 5200))
+        assert buf.stats().exact_fallbacks == 1
+        query = vectors[35]  # over-fetching suffices; its own trajectory (rows 30..39) is excluded
+        got = buf.search_rows(query, k=8, env="shop", exclude_traj=["n-traj3"])[0]
+        truth = brute_force(vectors, query, 8, np.setdiff1d(np.arange(4500), np.arange(30, 40)))
+        assert len(got) == 8 and all(r < 4500 and not 30 <= r < 40 for r, _ in got)
+        assert len({r for r, _ in got} & set(truth)) >= 6  # HNSW is approximate
+        assert buf.stats().exact_fallbacks == 1
+
+
+def test_duplicates_are_suppressed_within_a_batch_and_across_reopen(
+    tmp_path: Path, shop_trajs: list[Trajectory]
+) -> None:
+    path, enc = tmp_path / "b", HashingEncoder(64)
+    keys = {r.key() for t in shop_trajs for r in ReplayRecord.from_trajectory(t)}
+    with ReplayBuffer.open(path, enc) as buf:
+        assert buf.add_trajectories(shop_trajs + shop_trajs[:3]) == len(keys)
+        assert buf.add_trajectories(shop_trajs) == 0
+    with ReplayBuffer.open(path, enc) as buf:
+        assert buf.add_trajectories(shop_trajs) == 0
+        changed = shop_trajs[0].model_copy(deep=True)
+        changed.transitions[0].reward = 0.5  # same (s, a, s') with another reward is not a duplicate
+        assert buf.add_trajectories([changed]) == 1
+        assert len(buf) == len(keys) + 1
+
+
+def test_reopen_preserves_records_stats_and_retrieval(tmp_path: Path, shop_trajs: list[Trajectory]) -> None:
+    path, enc = tmp_path / "b", HashingEncoder(64)
+    with ReplayBuffer.open(path, enc, config=HNSW) as buf:
+        buf.add_trajectories(shop_trajs[:12])
+        synthetic = [t.model_copy(update={"source": "synthetic", "traj_id": t.traj_id + "-s"}) for t in shop_trajs[12:]]
+        buf.add_trajectories(synthetic, iteration=3)
+        before = [buf.record(i) for i in range(len(buf))]
+        stats = buf.stats()
+        queries = [(r.state, r.action) for r in before[::5]]
+        hits = buf.retrieve_batch(queries, k=4)
+    assert stats.by_source.keys() == {"real", "synthetic"} and set(stats.by_iteration) == {-1, 3}
+    with ReplayBuffer.open(path, config=HNSW) as buf:  # encoder taken from the buffer's metadata
+        assert buf.encoder.name == enc.name and buf.index.kind == "hnsw"
+        assert [buf.record(i) for i in range(len(buf))] == before
+        reopened = buf.stats()
+        assert reopened.model_dump(exclude={"disk_bytes"}) == stats.model_dump(exclude={"disk_bytes", "snapshot_rows"}) | {
+            "snapshot_rows": len(before)
+        }
+        assert buf.retrieve_batch(queries, k=4) == hits
+        buf.check(sample=len(buf))
+
+
+def test_open_errors_lock_and_read_only_view(tmp_path: Path) -> None:
+    path = tmp_path / "b"
+    with pytest.raises(FileNotFoundError):
+        ReplayBuffer.open(path, HashingEncoder(32), create=False)
+    writer = ReplayBuffer.open(path, HashingEncoder(32))
+    try:
+        writer.add_embedded(records(10), clustered(10, 32, 0))
+        with pytest.raises(ValueError, match="open for writing"):
+            ReplayBuffer.open(path, HashingEncoder(32))
+        with ReplayBuffer.open(path, read_only=True) as reader:  # sees the committed batch while the writer runs
+            assert len(reader) == 10
+            with pytest.raises(ValueError, match="read-only"):
+                reader.add_embedded(records(1, prefix="z"), clustered(1, 32, 1))
+        with pytest.raises(ValueError, match="shape"):
+            writer.add_embedded(records(2, prefix="y"), clustered(3, 32, 1))
+    finally:
+        writer.close()
+    with pytest.raises(ValueError, match="hashing-32"):
+        ReplayBuffer.open(path, HashingEncoder(64))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "file.txt").write_text("x")
+    with pytest.raises(ValueError, match="not empty"):
+        ReplayBuffer.open(tmp_path / "other", HashingEncoder(32))
+
+
+def test_torn_tail_is_dropped_on_open(tmp_path: Path) -> None:
+    path, enc = tmp_path / "b", HashingEncoder(32)
+    with ReplayBuffer.open(path, enc) as buf:
+        buf.add_embedded(records(20), clustered(20, 32, 0))
+    with (path / "records.jsonl").open("ab") as f:
+        f.write(b'{"traj_id": "half a rec')
+    with (path / "embeddings.f32").open("ab") as f:
+        f.write(b"\x00" * 100)
+    with ReplayBuffer.open(path, enc) as buf:
+        assert len(buf) == 20
+        buf.add_embedded(records(5, prefix="new"), clustered(5, 32, 1))
+    with ReplayBuffer.open(path, enc) as buf:
+        assert len(buf) == 25 and buf.record(24).state == "new state 4"
+        buf.check(sample=25)
+
+
+def test_stale_missing_or_corrupt_snapshot_is_repaired(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path, enc, dim = tmp_path / "b", HashingEncoder(32), 32
+    vectors = clustered(700, dim, seed=5)
+    with ReplayBuffer.open(path, enc, config=HNSW) as buf:
+        buf.add_embedded(records(400), vectors[:400])
+    stale = tmp_path / "stale.faiss"
+    shutil.copy(path / "index.faiss", stale)
+    with ReplayBuffer.open(path, enc, config=HNSW) as buf:
+        buf.add_embedded(records(300, prefix="late"), vectors[400:])
+    for damage in ("stale", "missing", "corrupt"):
+        if damage == "stale":
+            shutil.copy(stale, path / "index.faiss")
+        elif damage == "missing":
+            (path / "index.faiss").unlink()
+        else:
+            (path / "index.faiss").write_bytes(b"not a faiss index")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING), ReplayBuffer.open(path, enc, config=HNSW) as buf:
+            assert buf.index.kind == "hnsw" and buf.index.ntotal == 700
+            buf.check(sample=700)
+            assert buf.search_rows(vectors[650], k=1)[0][0][0] == 650  # a row the stale snapshot lacked
+        assert (damage == "stale") == (not caplog.records), damage  # a rebuild is logged
+
+
+CHILD = """
+import sys
+from dreamgym.replay import HashingEncoder, IndexConfig, ReplayBuffer, ReplayRecord
+
+path, batch = sys.argv[1], int(sys.argv[2])
+config = IndexConfig(exact_max_rows=300, snapshot_min_rows=200)  # HNSW and frequent snapshots: kills land anywhere
+buf = ReplayBuffer.open(path, HashingEncoder(32), config=config)
+print(len(buf), flush=True)
+while True:
+    recs = [
+        ReplayRecord(traj_id=f"b{batch}", task_id="t", instruction="i", env="shop", source="real", step=j,
+                     state=f"state {batch} {j}", action=f"click[{batch}x{j}]", next_state=f"next {batch} {j}",
+                     reward=0.0, done=False)
+        for j in range(40)
+    ]
+    buf.add_transitions(recs)
+    print(len(buf), flush=True)
+    batch += 1
+"""
+
+
+def test_sigkill_mid_add_loses_at_most_the_open_batch(tmp_path: Path) -> None:
+    path = tmp_path / "b"
+    rng = np.random.default_rng(0)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    committed = 0
+    for round_ in range(3):
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(path), str(10_000 * round_)], stdout=subprocess.PIPE, text=True, env=env
+        )
+        assert child.stdout is not None
+        reported = [int(child.stdout.readline())]
+        assert reported[0] >= committed  # what the previous child reported survived its kill
+        deadline = time.monotonic() + 60
+        while reported[-1] < reported[0] + 400 + 80 * round_ and time.monotonic() < deadline:
+            reported.append(int(child.stdout.readline()))
+        time.sleep(rng.uniform(0, 0.05))
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        committed = reported[-1]
+    with ReplayBuffer.open(path, HashingEncoder(32)) as buf:
+        assert committed <= len(buf) <= committed + 40
+        buf.check(sample=len(buf))
+        rows = [buf.record(i) for i in range(len(buf))]  # every record parses
+        assert len({(r.state, r.action) for r in rows}) == len(rows)
+        assert all(r.state == f"state {r.traj_id[1:]} {r.step}" for r in rows)
+        assert len(buf) % 40 == 0  # whole batches only
+        assert buf.retrieve(rows[-1].state, rows[-1].action, k=1)[0].row == len(rows) - 1
+
+
+@pytest.mark.slow  # loads the real model (~10 s)
+def test_minilm_encoder_retrieves_by_meaning(tmp_path: Path) -> None:
+    from dreamgym.replay import MiniLMEncoder
+
+    enc = MiniLMEncoder()
+    recs = [
+        ReplayRecord(traj_id=f"t{i}", task_id=f"t{i}", instruction="shop", env="shop", source="real",
+                     state=state, action=action, next_state="...", reward=0.0, done=False)
+        for i, (state, action) in enumerate(
+            [
+                ("[1] text: Search for products", "search[red cotton t-shirt]"),
+                ("[1] text: Search for products", "search[wireless gaming mouse]"),
+                ("[1] link: B07ABC — Oak Dining Table | $240.00", "click[buy now]"),
+                ("[1] text: Page 1 (results 1-5 of 50)", "click[next >]"),
+            ]
+        )
+    ]
+    with ReplayBuffer.open(tmp_path / "b", enc) as buf:
+        assert buf.add_transitions(recs) == 4
+        vectors = buf.store.embeddings()
+        assert vectors.shape == (4, 384)
+        np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+        hits = buf.retrieve("[1] text: Search for products", "search[crimson tee shirt in cotton]", k=4)
+        assert hits[0].action == "search[red cotton t-shirt]"
+        hits = buf.retrieve("[1] text: Search for products", "search[bluetooth mouse for gaming]", k=4)
+        assert hits[0].action == "search[wireless gaming mouse]"
+
+
+def test_cli_build_query_stats(tmp_path: Path, shop_trajs: list[Trajectory]) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from dreamgym.cli import app
+
+    runner = CliRunner()
+    data, out = tmp_path / "d.jsonl", tmp_path / "buf"
+    write_jsonl(data, shop_trajs)
+    unique = len({r.key() for t in shop_trajs for r in ReplayRecord.from_trajectory(t)})
+    total = sum(t.num_steps for t in shop_trajs)
+    build = ["buffer", "build", "--data", str(data), "--out", str(out)]
+    r = runner.invoke(app, [*build, "--data", str(data), "--encoder", "hashing"])
+    assert r.exit_code == 0, r.output
+    assert f"added {unique} transitions ({2 * total - unique} exact duplicates skipped)" in r.output
+    t = shop_trajs[2].transitions[1]
+    r = runner.invoke(app, ["buffer", "query", str(out), "--state", t.state, "--action", t.action, "-k", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    hits = json.loads(r.stdout)
+    assert len(hits) == 3 and hits[0]["action"] == t.action and hits[0]["score"] == pytest.approx(1.0, abs=1e-5)
+    r = runner.invoke(app, ["buffer", "stats", str(out), "--check", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["transitions"] == unique
+    r = runner.invoke(app, [*build, "--encoder", "hashing-32"])
+    assert isinstance(r.exception, ValueError) and "hashing-384" in str(r.exception)
+    # Through the real entry point: a malformed file is one line on stderr and exit code 2.
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    cmd = [sys.executable, "-m", "dreamgym", "buffer", "build", "--data", str(tmp_path / "bad.jsonl"), "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "bad.jsonl:1" in proc.stderr and "Traceback" not in proc.stderr
