@@ -1,0 +1,204 @@
+"""``dreamgym serve`` and the ``openai`` backend over a real socket, against the ``hf`` backend."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from fastapi import FastAPI
+
+from dreamgym.llm import LLMConfig, LLMError, SamplingParams, load_llm
+from dreamgym.llm.hf import HFLLM
+from dreamgym.llm.openai_backend import OpenAILLM
+from dreamgym.llm.serve import BackgroundServer, ServerLimits, create_app
+from dreamgym.llm.tiny import init_tiny_model
+
+torch.set_num_threads(1)
+
+WORDS = ["red", "blue", "shirt", "cotton", "size", "small", "price", "search", "buy", "click", "page", "next"]
+PROMPTS = ["[1] search: red", "click[buy now] on the blue cotton shirt page", "size", "results next page price 12.50"]
+LIMITS = ServerLimits(max_batch=8, max_tokens=64, max_prompt_tokens=200, max_body_bytes=4096)
+
+
+@pytest.fixture(scope="module")
+def micro_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("micro")
+    rng = random.Random(0)
+    corpus = tmp / "corpus.txt"
+    corpus.write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(10)) for _ in range(400)))
+    init_tiny_model("micro", [corpus], tmp / "model", seed=0)
+    return tmp / "model"
+
+
+@pytest.fixture(scope="module")
+def llm(micro_dir: Path) -> HFLLM:
+    return HFLLM.from_pretrained(micro_dir)
+
+
+@pytest.fixture(scope="module")
+def app(micro_dir: Path) -> FastAPI:
+    return create_app(HFLLM.from_pretrained(micro_dir, max_batch_size=8), "micro", limits=LIMITS)
+
+
+@pytest.fixture(scope="module")
+def server(app: FastAPI) -> Iterator[BackgroundServer]:
+    with BackgroundServer(app) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def remote(server: BackgroundServer) -> Iterator[OpenAILLM]:
+    backend = load_llm(LLMConfig(backend="openai", model="micro", base_url=server.url, concurrency=4))
+    assert isinstance(backend, OpenAILLM)
+    yield backend
+    backend.close()
+
+
+def post(server: BackgroundServer, path: str, body: object, **kw: object) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", json=body, timeout=30, **kw)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------- same answers both ways
+
+
+def test_openai_backend_matches_hf_backend(llm: HFLLM, remote: OpenAILLM) -> None:
+    greedy = SamplingParams(max_new_tokens=12, temperature=0.0, logprobs=True)
+    local, served = llm.generate(PROMPTS, greedy), remote.generate(PROMPTS, greedy)
+    for a, b in zip(local, served, strict=True):
+        assert (b.text, b.token_ids, b.prompt_ids, b.finish_reason) == (a.text, a.token_ids, a.prompt_ids, a.finish_reason)
+        assert a.logprobs is not None and b.logprobs is not None
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+    # token ids in, token ids out; chat messages through the chat endpoint
+    ids = [llm.encode(p) for p in PROMPTS]
+    assert [c.token_ids for c in remote.generate_ids(ids, greedy)] == [c.token_ids for c in local]
+    chat = [[{"role": "user", "content": p}] for p in PROMPTS]
+    assert [c.token_ids for c in remote.generate(chat, greedy)] == [c.token_ids for c in llm.generate(chat, greedy)]
+    # seeded sampling and stop strings follow the same rules (prompt i gets seed + i)
+    sampled = SamplingParams(max_new_tokens=12, temperature=0.9, top_p=0.9, seed=5, stop=["e"])
+    assert [(c.text, c.token_ids) for c in remote.generate(PROMPTS, sampled)] == [
+        (c.text, c.token_ids) for c in llm.generate(PROMPTS, sampled)
+    ]
+
+
+def test_concurrent_requests_share_forward_passes(app: FastAPI, remote: OpenAILLM, llm: HFLLM) -> None:
+    batcher = app.state.batcher
+    passes, rows = batcher.forward_passes, batcher.rows
+    prompts = [f"{p} {i}" for i in range(4) for p in PROMPTS]
+    greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
+    assert [c.token_ids for c in remote.generate(prompts, greedy)] == [c.token_ids for c in llm.generate(prompts, greedy)]
+    assert batcher.rows - rows == 16
+    assert batcher.forward_passes - passes < 16 * 8 / 2  # one request alone needs 8 forward passes
+
+
+def test_models_endpoint(server: BackgroundServer) -> None:
+    data = httpx.get(f"{server.url}/models").json()["data"]
+    assert [m["id"] for m in data] == ["micro"]
+
+
+# ------------------------------------------------------------------------------------------ robustness
+
+
+def test_bad_requests_get_4xx_json_errors(server: BackgroundServer) -> None:
+    ok = {"model": "micro", "prompt": "red", "max_tokens": 4}
+    r = httpx.post(f"{server.url}/completions", content=b'{"model": "micro", "prompt": ', timeout=30)
+    assert r.status_code == 400 and "Invalid JSON" in r.json()["error"]["message"]
+    cases: list[tuple[object, int, str]] = [
+        ({"model": "micro"}, 400, "prompt"),
+        ([1, 2, 3], 400, "body"),
+        ({**ok, "prompt": "x" * 5000}, 413, "limit"),  # body over max_body_bytes
+        ({**ok, "prompt": "red " * 300}, 400, "tokens; the limit"),  # prompt over max_prompt_tokens
+        ({**ok, "max_tokens": 10_000}, 400, "max_tokens"),
+        ({**ok, "prompt": [1, 99_999]}, 400, "out of range"),
+        ({**ok, "prompt": []}, 400, "empty"),
+        ({**ok, "model": "gpt-9"}, 404, "not found"),
+        ({**ok, "stream": True}, 400, "streaming"),
+        ({**ok, "temperature": -1}, 400, "temperature"),
+        ({**ok, "prompt": ["a", "b", "c"], "n": 3}, 400, "batch limit"),
+    ]
+    for body, status, message in cases:
+        r = post(server, "/completions", body)
+        assert r.status_code == status, (body, r.text)
+        assert message in r.json()["error"]["message"]
+    chunked = httpx.post(f"{server.url}/completions", content=iter([b'{"prompt": "', b"x" * 5000, b'"}']), timeout=30)
+    assert chunked.status_code == 413  # no Content-Length: counted while reading
+    r = post(server, "/chat/completions", {"model": "micro", "messages": [{"role": "user"}]})
+    assert r.status_code == 400 and "content" in r.json()["error"]["message"]
+    assert post(server, "/completions", ok).status_code == 200  # still serving
+
+
+def test_server_survives_client_disconnects(server: BackgroundServer, app: FastAPI) -> None:
+    head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n"
+    body = json.dumps({"model": "micro", "prompt": "red shirt", "max_tokens": 64}).encode()
+    with socket.create_connection((server.host, server.port)) as s:  # hang up in the middle of the body
+        s.sendall(head.format(len(body)).encode() + body[:10])
+    with socket.create_connection((server.host, server.port)) as s:  # hang up while the model generates
+        s.sendall(head.format(len(body)).encode() + body)
+    time.sleep(0.3)
+    r = post(server, "/completions", {"model": "micro", "prompt": "red", "max_tokens": 4, "return_token_ids": True})
+    assert r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) == 4
+    assert app.state.batcher._thread.is_alive()
+
+
+def test_api_key_is_enforced(micro_dir: Path, llm: HFLLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = create_app(llm, "micro", api_key="s3cret", limits=LIMITS)
+    with BackgroundServer(app) as s:
+        assert httpx.get(f"{s.url}/models").status_code == 401
+        assert httpx.get(f"{s.url}/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        monkeypatch.setenv("DG_TEST_KEY", "wrong")
+        cfg = LLMConfig(backend="openai", model="micro", base_url=s.url, api_key_env="DG_TEST_KEY")
+        with pytest.raises(LLMError, match=r"HTTP 401.*\$DG_TEST_KEY"):
+            OpenAILLM(cfg).generate(["red"], SamplingParams(max_new_tokens=2))
+        monkeypatch.setenv("DG_TEST_KEY", "s3cret")
+        backend = OpenAILLM(cfg)
+        assert "s3cret" not in repr(backend) and "s3cret" not in repr(cfg)
+        assert len(backend.generate(["red"], SamplingParams(max_new_tokens=2))[0].token_ids) == 2
+
+
+def test_backend_raises_a_clear_error_when_the_server_is_down() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nobody listens here once the socket is closed
+    cfg = LLMConfig(backend="openai", model="m", base_url=f"http://127.0.0.1:{port}/v1", max_retries=2, retry_backoff_s=0.01)
+    t0 = time.monotonic()
+    with pytest.raises(LLMError, match="failed after 3 attempts: APIConnectionError"):
+        OpenAILLM(cfg).generate(["hello"], SamplingParams(max_new_tokens=2))
+    assert time.monotonic() - t0 < 10
+
+
+def test_backend_retries_5xx_and_timeouts() -> None:
+    calls = {"n": 0}
+    flaky = FastAPI()
+
+    @flaky.post("/v1/completions")
+    async def completions() -> object:
+        calls["n"] += 1
+        if calls["n"] < 3:
+            from fastapi.responses import JSONResponse
+
+            return JSONResponse({"error": {"message": "overloaded"}}, status_code=503)
+        choice = {"index": 0, "text": "ok", "finish_reason": "stop", "token_ids": [7, 2], "logprobs": None}
+        return {"id": "x", "object": "text_completion", "created": 0, "model": "m", "choices": [choice]}
+
+    @flaky.post("/v1/chat/completions")
+    async def too_slow() -> object:
+        await asyncio.sleep(2)
+        return {}
+
+    with BackgroundServer(flaky) as s:
+        cfg = LLMConfig(backend="openai", model="m", base_url=s.url, max_retries=3, retry_backoff_s=0.01)
+        c = OpenAILLM(cfg).generate(["hi"], SamplingParams(max_new_tokens=2))[0]
+        assert (c.text, c.token_ids, c.finish_reason, calls["n"]) == ("ok", [7, 2], "stop", 3)
+        calls["n"] = -10  # more failures than retries
+        with pytest.raises(LLMError, match="failed after 2 attempts: HTTP 503: overloaded"):
+            OpenAILLM(cfg.model_copy(update={"max_retries": 1})).generate(["hi"], SamplingParams(max_new_tokens=2))
+        slow = OpenAILLM(cfg.model_copy(update={"max_retries": 1, "timeout_s": 0.2}))
+        with pytest.raises(LLMError, match="failed after 2 attempts: APITimeoutError"):
+            slow.generate([[{"role": "user", "content": "hi"}]], SamplingParams(max_new_tokens=2))
