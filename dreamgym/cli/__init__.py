@@ -11,11 +11,14 @@ import sys
 import typer
 from rich.console import Console
 
+from dreamgym.cli import baseline as _baseline
 from dreamgym.cli import buffer as _buffer
 from dreamgym.cli import data as _data
 from dreamgym.cli import demo as _demo
 from dreamgym.cli import env as _env
+from dreamgym.cli import experience as _experience
 from dreamgym.cli import model as _model
+from dreamgym.cli import train as _train
 
 app = typer.Typer(
     name="dreamgym",
@@ -26,17 +29,18 @@ app = typer.Typer(
 )
 err = Console(stderr=True)
 
-for _mod in (_data, _demo, _env, _model, _buffer):
+for _mod in (_data, _demo, _env, _model, _buffer, _train, _experience, _baseline):
     _mod.register(app)
 
 
 def main() -> None:
+    from dreamgym.llm.base import LLMError
     from dreamgym.types import DataError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         app()
-    except (DataError, FileNotFoundError, KeyError, ValueError, ConnectionError) as e:
+    except (DataError, FileNotFoundError, KeyError, ValueError, ConnectionError, LLMError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         err.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
         sys.exit(2)

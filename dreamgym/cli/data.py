@@ -85,7 +85,7 @@ def collect(
 
 def eval_cmd(
     env_name: str = typer.Option("shop", "--env", help="registered env name"),
-    policy: str = typer.Option("oracle", help="scripted policy name (oracle | random | noisy)"),
+    policy: str = typer.Option("oracle", help="scripted policy name (oracle | random | noisy) or a policy run dir"),
     split: str = typer.Option("test", help="task split"),
     episodes: int = typer.Option(100, min=1, help="number of episodes"),
     seed: int = typer.Option(0, help="seed"),
@@ -93,10 +93,16 @@ def eval_cmd(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     env_arg: list[str] = typer.Option(None, "--env-arg", help="env constructor argument key=value"),
 ) -> None:
-    """Evaluate a policy: success rate, mean reward, mean steps, invalid-action rate."""
+    """Evaluate a policy: success rate, mean reward, mean steps, invalid-action rate.
+
+    ``--policy`` is a scripted policy of the env, or a policy run directory (an LLM policy, played greedily
+    in batched episodes on the same tasks and seeds as the scripted policies)."""
     from dreamgym.collect import evaluate
     from dreamgym.envs import make
 
+    if Path(policy).is_dir():
+        _eval_llm_policy(env_name, policy, split, episodes, seed, as_json, env_arg)
+        return
     env = make(env_name, **parse_env_args(env_arg))
     pol = env.scripted_policy(policy, seed=seed, **_policy_kwargs(noise))
     with _progress() as bar:
@@ -111,6 +117,25 @@ def eval_cmd(
         result = evaluate(env, pol, episodes, split=split, seed=seed, on_episode=tick)
     env.close()
     out = {"env": env_name, "policy": policy, "split": split, **result.to_dict()}
+    if as_json:
+        print(json.dumps(out))
+    else:
+        for k, v in out.items():
+            console.print(f"{k:>20}: {v}")
+
+
+def _eval_llm_policy(
+    env_name: str, run_dir: str, split: str, episodes: int, seed: int, as_json: bool, env_arg: list[str] | None
+) -> None:
+    from dreamgym.agent.policy import load_policy
+    from dreamgym.eval import evaluate_policy
+    from dreamgym.rl.envpool import env_factory
+
+    llm_policy = load_policy(run_dir)
+    console.print(f"eval {run_dir} on {episodes} {split} episodes (greedy, batched)")
+    result = evaluate_policy(llm_policy, env_factory(env_name, **parse_env_args(env_arg)), split=split,
+                             episodes=episodes, seed=seed)
+    out = {"env": env_name, "policy": run_dir, "split": split, **result.to_dict(), "unparsed": llm_policy.unparsed}
     if as_json:
         print(json.dumps(out))
     else:

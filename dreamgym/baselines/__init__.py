@@ -1,0 +1,22 @@
+"""Offline baselines for the LLM policy: behaviour cloning (SFT) and DPO on success-vs-failure pairs."""
+
+from dreamgym.baselines.dpo import (
+    DPOTrainConfig,
+    PreferencePair,
+    preference_margin,
+    preference_pairs,
+    train_dpo,
+)
+from dreamgym.baselines.sft import agent_observations, bc_examples, read_data, train_bc
+
+__all__ = [
+    "DPOTrainConfig",
+    "PreferencePair",
+    "agent_observations",
+    "bc_examples",
+    "preference_margin",
+    "preference_pairs",
+    "read_data",
+    "train_bc",
+    "train_dpo",
+]

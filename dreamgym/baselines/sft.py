@@ -1,0 +1,170 @@
+"""Behaviour cloning (BC): the SFT baseline, and the warm start of every RL run on tiny models.
+
+Each step of a (successful) offline trajectory becomes one :class:`~dreamgym.train.sft.SFTExample`: the prompt
+is the agent prompt the policy would have seen at that step (instruction, state, admissible actions, previous
+actions), built by :func:`~dreamgym.agent.policy.build_agent_prompt` exactly as ``LLMPolicy.act`` builds it,
+and the target is ``<action>…</action>``. Training is the shared masked-SFT routine (loss on target tokens).
+
+The offline data budget is reported as ``real_transitions``: every transition in the data files used,
+including those of the failed trajectories that BC does not train on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from dreamgym.agent.policy import (
+    AgentObservation,
+    PolicyConfig,
+    build_agent_prompt,
+    format_action_target,
+    save_policy,
+)
+from dreamgym.train.sft import SFTConfig, SFTExample, train_sft
+from dreamgym.types import DataError, Trajectory, read_trajectories
+
+log = logging.getLogger(__name__)
+
+
+def read_data(paths: Sequence[str | os.PathLike[str]]) -> list[Trajectory]:
+    """All trajectories of the given ``.jsonl``/``.parquet`` files, in file order."""
+    if not paths:
+        raise ValueError("no data files given")
+    trajs: list[Trajectory] = []
+    for path in paths:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{path}: no such data file")
+        trajs.extend(read_trajectories(path))
+    if not trajs:
+        raise DataError(f"{', '.join(map(str, paths))}: no trajectories")
+    return trajs
+
+
+def agent_observations(traj: Trajectory) -> list[AgentObservation]:
+    """What the agent saw at each step of ``traj``: the state, the admissible actions recorded with it
+    (``Transition.info["admissible_actions"]``, empty when the data has none), and all previous
+    (state, action) pairs — invalid steps included, as an acting loop records them."""
+    observations = []
+    for t, x in enumerate(traj.transitions):
+        history = [(prev.state, prev.action) for prev in traj.transitions[:t]]
+        admissible = [str(a) for a in x.info.get("admissible_actions") or []]
+        observations.append(AgentObservation(traj.task.instruction, x.state, admissible, history))
+    return observations
+
+
+def bc_examples(
+    trajs: Sequence[Trajectory], policy_cfg: PolicyConfig, only_successful: bool = True
+) -> list[SFTExample]:
+    """One example per valid step of the (successful) trajectories. Steps flagged ``invalid_action`` are
+    skipped (they changed nothing: cloning them teaches a wasted turn) and counted in the log, as are steps
+    without recorded admissible actions."""
+    examples: list[SFTExample] = []
+    invalid = missing_admissible = 0
+    for traj in trajs:
+        if only_successful and not traj.success:
+            continue
+        for obs, x in zip(agent_observations(traj), traj.transitions, strict=True):
+            if x.info.get("invalid_action"):
+                invalid += 1
+                continue
+            if "admissible_actions" not in x.info:
+                missing_admissible += 1
+            examples.append(SFTExample(build_agent_prompt(obs, policy_cfg), format_action_target(x.action)))
+    if invalid:
+        log.info("behaviour cloning: skipped %d invalid-action steps", invalid)
+    if missing_admissible and policy_cfg.show_admissible:
+        log.warning(
+            "behaviour cloning: %d of %d steps have no recorded admissible actions, so their prompts lack the "
+            "ACTIONS line that acting shows (recollect the data with this version of dreamgym)",
+            missing_admissible, len(examples),
+        )
+    return examples
+
+
+# ------------------------------------------------------------------------------------------ models
+
+
+def tokenizer_corpus(trajs: Sequence[Trajectory], examples: Sequence[SFTExample]) -> Iterator[str]:
+    """Text for a preset's BPE: instructions, states and actions of all the data, plus the rendered agent
+    prompts and targets, so that the prompt template's words become single tokens too."""
+    for traj in trajs:
+        yield traj.task.instruction
+        for x in traj.transitions:
+            yield x.state
+            yield x.action
+    for ex in examples:
+        yield from (m["content"] for m in ex.prompt) if isinstance(ex.prompt, list) else (ex.prompt,)
+        yield ex.target
+
+
+def init_model(
+    model: str, trajs: Sequence[Trajectory], examples: Sequence[SFTExample], vocab_size: int | None, seed: int
+) -> tuple[Any, Any]:
+    """``(model, tokenizer)``: a fresh tiny model with a BPE trained on the data for a preset name, else a
+    Hugging Face model directory (a policy run dir's ``model/`` is found too) or hub name."""
+    from dreamgym.llm.tiny import PRESETS, build_model, build_tokenizer
+
+    tokenizer: Any
+    if model in PRESETS:
+        tokenizer = build_tokenizer(tokenizer_corpus(trajs, examples), vocab_size or PRESETS[model].vocab_size)
+        return build_model(model, tokenizer, seed=seed), tokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(model) / "model" if (Path(model) / "model").is_dir() else Path(model)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        hf_model = AutoModelForCausalLM.from_pretrained(path)
+    except OSError as e:
+        raise ValueError(f"--model {model}: not a preset ({', '.join(PRESETS)}) nor a loadable model: {str(e).splitlines()[0]}") from None
+    if tokenizer.chat_template is None:
+        raise ValueError(f"--model {model}: its tokenizer has no chat template (the agent prompt is a chat)")
+    return hf_model, tokenizer
+
+
+def train_bc(
+    data_paths: Sequence[str | os.PathLike[str]],
+    model: str,
+    out_run_dir: str | os.PathLike[str],
+    sft_cfg: SFTConfig,
+    policy_cfg: PolicyConfig,
+    vocab_size: int | None = None,
+) -> dict[str, Any]:
+    """Behaviour-clone the successful trajectories of ``data_paths`` into a policy run dir; return the summary
+    (also written to ``out_run_dir/summary.json``). A rerun into the same dir resumes from its checkpoints."""
+    run = Path(out_run_dir)
+    if (run / "summary.json").exists():
+        raise ValueError(f"{run}: already holds a finished run (summary.json); choose another --out")
+    trajs = read_data(data_paths)
+    examples = bc_examples(trajs, policy_cfg)
+    if not examples:
+        raise DataError(f"{', '.join(map(str, data_paths))}: no successful trajectories to clone")
+    hf_model, tokenizer = init_model(model, trajs, examples, vocab_size, sft_cfg.seed)
+    t0 = time.monotonic()
+    # train_sft writes the final weights + tokenizer into run/model (checkpoints in run/model/checkpoints);
+    # save_policy then adds policy.json beside it (re-saving the same, in-place trained weights).
+    stats = train_sft(hf_model, tokenizer, examples, run / "model", sft_cfg)
+    if sft_cfg.lora:  # the merged model is a new module tree: take the weights train_sft saved
+        from transformers import AutoModelForCausalLM
+
+        hf_model = AutoModelForCausalLM.from_pretrained(run / "model")
+    save_policy(run, hf_model, tokenizer, policy_cfg)
+    summary = {
+        "algo": "bc",
+        "model": model,
+        "parameters": sum(p.numel() for p in hf_model.parameters()),
+        "data": [str(p) for p in data_paths],
+        "real_transitions": sum(t.num_steps for t in trajs),
+        "trajectories": len(trajs),
+        "successful_trajectories": sum(t.success for t in trajs),
+        **stats,
+        "seconds": round(time.monotonic() - t0, 1),
+        "sft_config": sft_cfg.model_dump(),
+    }
+    (run / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

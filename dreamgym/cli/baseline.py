@@ -1,0 +1,66 @@
+"""CLI: ``dreamgym baseline sft`` (behaviour cloning) and ``dreamgym baseline dpo`` (success-vs-failure DPO)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+baseline_app = typer.Typer(help="Offline baselines for the LLM policy.", no_args_is_help=True)
+console = Console(stderr=True)
+
+
+@baseline_app.command("sft")
+def sft_cmd(
+    data: list[Path] = typer.Option(..., "--data", help="trajectory file (.jsonl/.parquet); repeat"),
+    model: str = typer.Option("small", help="tiny preset (micro | small | base) or a HF model / policy run dir"),
+    out: Path = typer.Option(..., help="policy run dir to write (a rerun resumes from its checkpoints)"),
+    epochs: float = typer.Option(3.0, help="passes over the examples"),
+    lr: float = typer.Option(1e-3, help="peak learning rate (cosine schedule)"),
+    batch_size: int = typer.Option(32, help="examples per optimizer step"),
+    time_budget: float | None = typer.Option(None, "--time-budget", help="stop (and save) after this many seconds"),
+    vocab_size: int | None = typer.Option(None, help="BPE vocabulary of a preset (default: the preset's)"),
+    history_window: int = typer.Option(3, help="previous actions shown in the agent prompt"),
+    seed: int = typer.Option(0, help="model init and data order seed"),
+    threads: int | None = typer.Option(None, help="torch CPU threads"),
+) -> None:
+    """Behaviour cloning: SFT of the policy on every step of the successful trajectories in --data."""
+    from dreamgym.agent.policy import PolicyConfig
+    from dreamgym.baselines.sft import train_bc
+    from dreamgym.train.sft import SFTConfig
+
+    sft_cfg = SFTConfig(epochs=epochs, learning_rate=lr, batch_size=batch_size, time_budget_s=time_budget,
+                        seed=seed, num_threads=threads)
+    summary = train_bc(data, model, out, sft_cfg, PolicyConfig(history_window=history_window), vocab_size)
+    keys = ("examples", "real_transitions", "epochs", "train_loss", "seconds")
+    console.print(f"saved the behaviour-cloned policy to {out}")
+    print(json.dumps({k: summary[k] for k in keys}))
+
+
+@baseline_app.command("dpo")
+def dpo_cmd(
+    data: list[Path] = typer.Option(..., "--data", help="trajectory file with successes and failures; repeat"),
+    init: Path = typer.Option(..., help="policy run dir to start from (e.g. a `baseline sft` run)"),
+    out: Path = typer.Option(..., help="policy run dir to write"),
+    beta: float = typer.Option(0.1, help="DPO β: strength of the pull towards the init policy"),
+    epochs: float = typer.Option(3.0, help="passes over the preference pairs"),
+    lr: float = typer.Option(1e-4, help="learning rate"),
+    batch_size: int = typer.Option(16, help="pairs per optimizer step"),
+    seed: int = typer.Option(0, help="data order seed"),
+    threads: int | None = typer.Option(None, help="torch CPU threads"),
+) -> None:
+    """DPO on (successful step, failed step) pairs of the same task; see dreamgym.baselines.dpo for the rule."""
+    from dreamgym.baselines.dpo import DPOTrainConfig, train_dpo
+
+    cfg = DPOTrainConfig(beta=beta, epochs=epochs, learning_rate=lr, batch_size=batch_size, seed=seed,
+                         num_threads=threads)
+    summary = train_dpo(data, init, out, cfg)
+    keys = ("pairs", "real_transitions", "epochs", "train_loss", "margin_before", "margin_after", "seconds")
+    console.print(f"saved the DPO policy to {out}")
+    print(json.dumps({k: summary[k] for k in keys}))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(baseline_app, name="baseline")

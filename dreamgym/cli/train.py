@@ -1,0 +1,67 @@
+"""CLI: ``dreamgym train`` (GRPO / PPO of an LLM policy in an env, with checkpoints and resume)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+import yaml
+from rich.console import Console
+
+from dreamgym.cli.env import parse_env_args
+
+console = Console(stderr=True)
+
+
+def parse_overrides(pairs: list[str] | None) -> dict[str, Any]:
+    """``["lr=1e-5", "env_kwargs={num_products: 200}"]`` -> ``{"lr": 1e-05, ...}`` (values parsed as YAML)."""
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set expects key=value, got {pair!r}")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def train_cmd(
+    out: Path = typer.Option(..., help="run directory (checkpoints, tensorboard, summary.json)"),
+    init: str = typer.Option(None, help="policy run dir or HF model dir to start from"),
+    env_name: str = typer.Option(None, "--env", help="registered env name (default: the config's, shop)"),
+    algo: str = typer.Option(None, help="grpo | ppo (default: the config's, grpo)"),
+    config: Path = typer.Option(None, help="YAML file of RLConfig fields"),
+    set_: list[str] = typer.Option(None, "--set", help="override an RLConfig field: key=value (repeat)"),
+    env_arg: list[str] = typer.Option(None, "--env-arg", help="env constructor argument key=value (repeat)"),
+    resume: bool = typer.Option(False, "--resume", help="continue the run in --out from its last checkpoint"),
+) -> None:
+    """Train an LLM policy with GRPO or PPO; counts every real env transition it consumes.
+
+    Precedence: RLConfig defaults < --config (or, with --resume, the run's saved config) < --env/--algo/--init/
+    --env-arg < --set.
+    """
+    from dreamgym.rl.trainer import RLConfig, train
+
+    base: dict[str, Any] = {}
+    if resume and (out / "config.yaml").is_file():
+        base = yaml.safe_load((out / "config.yaml").read_text()) or {}
+    elif config is not None:
+        if not config.is_file():
+            raise FileNotFoundError(f"{config}: no such config file")
+        base = yaml.safe_load(config.read_text()) or {}
+    if not isinstance(base, dict):
+        raise ValueError(f"{config}: a config file must hold a mapping of RLConfig fields")
+    flags = {"env": env_name, "algo": algo, "init": init}
+    base.update({k: v for k, v in flags.items() if v is not None})
+    if env_arg:
+        base["env_kwargs"] = {**base.get("env_kwargs", {}), **parse_env_args(env_arg)}
+    base.update(parse_overrides(set_))
+    cfg = RLConfig.model_validate(base)
+    summary = train(cfg, out, resume=resume, console=console)
+    keys = ("algo", "iterations", "real_transitions", "eval_transitions", "success_rate", "mean_reward", "eval_episodes")
+    print(json.dumps({k: summary[k] for k in keys}))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train_cmd)

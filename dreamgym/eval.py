@@ -1,0 +1,68 @@
+"""Evaluate an LLM policy on an environment: success rate, mean reward, mean steps, invalid-action rate.
+
+The numbers and JSON fields are those of :func:`dreamgym.collect.summarize` (the scripted policies' eval),
+computed on the same episodes: the split's tasks in the same seeded order and episode ``i`` reset with seed
+``seed + i``, so ``dreamgym eval --policy oracle`` and ``--policy RUN_DIR`` are directly comparable.
+Episodes run as batched rollouts (one policy call per turn across all live episodes), greedy by default.
+"""
+
+from __future__ import annotations
+
+import random
+
+from dreamgym.agent.policy import LLMPolicy
+from dreamgym.collect import EvalResult, summarize
+from dreamgym.rl.envpool import EnvFactory, EnvPool, LocalEnvPool
+from dreamgym.rl.rollout import Episode, collect_rollouts
+from dreamgym.types import Task
+
+
+def eval_tasks(pool: EnvPool, split: str, episodes: int, seed: int) -> list[Task]:
+    """The split's tasks in a seeded order, cycling if needed (as ``dreamgym.collect.episode_tasks``)."""
+    tasks = pool.tasks(split)
+    if not tasks:
+        raise ValueError(f"env {pool.name!r} has no tasks in split {split!r} to evaluate on")
+    order = list(range(len(tasks)))
+    random.Random(seed).shuffle(order)
+    return [tasks[order[i % len(order)]] for i in range(episodes)]
+
+
+def run_eval_episodes(
+    policy: LLMPolicy,
+    env: EnvFactory | EnvPool,
+    split: str = "test",
+    episodes: int = 100,
+    seed: int = 0,
+    greedy: bool = True,
+    max_steps: int = 15,
+    num_envs: int = 64,
+) -> list[Episode]:
+    """Play the evaluation episodes; ``env`` is a pool, or a factory for a local pool of ``num_envs`` envs."""
+    if episodes < 1:
+        raise ValueError(f"episodes must be >= 1, got {episodes}")
+    pool = env if isinstance(env, EnvPool) else LocalEnvPool(env, min(num_envs, episodes))
+    try:
+        tasks = eval_tasks(pool, split, episodes, seed)
+        return collect_rollouts(pool, policy, tasks, group_size=1, max_steps=max_steps, greedy=greedy,
+                                seed=seed, split=split)
+    finally:
+        if pool is not env:
+            pool.close()
+
+
+def evaluate_policy(
+    policy: LLMPolicy,
+    env: EnvFactory | EnvPool,
+    split: str = "test",
+    episodes: int = 100,
+    seed: int = 0,
+    greedy: bool = True,
+    max_steps: int = 15,
+    num_envs: int = 64,
+) -> EvalResult:
+    """Success rate, mean (env) reward, mean steps and invalid-action rate over ``episodes`` episodes."""
+    played = run_eval_episodes(policy, env, split, episodes, seed, greedy, max_steps, num_envs)
+    return summarize([e.to_trajectory(policy.name) for e in played])
+
+
+__all__ = ["eval_tasks", "evaluate_policy", "run_eval_episodes"]

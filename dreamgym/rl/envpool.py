@@ -1,0 +1,194 @@
+"""Env pools: many episodes of one environment stepped side by side, behind one small interface.
+
+A pool owns ``num_envs`` slots, each holding one env instance. Rollouts reset slots with tasks and step a
+batch of slots with the policy's actions; they never ask whether the slots are local objects
+(:class:`LocalEnvPool`) or Ray actors in other processes (:class:`RayEnvPool`, for slow or remote envs such
+as ScienceWorld or AgentGym servers), nor whether the env is the real one or the dream.
+
+Only the essentials of ``info`` cross the pool boundary (:func:`info_essentials`): the admissible actions,
+the success and invalid-action flags, and the env's small scalar extras (the ``task`` object stays behind).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from dreamgym.envs.base import TextEnv, make
+from dreamgym.types import Source, Task
+
+EnvFactory = Callable[[], TextEnv]
+
+
+@dataclass
+class StepResult:
+    """What one ``env.step`` returned (``info`` reduced to its essentials)."""
+
+    obs: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+
+
+def info_essentials(info: dict[str, Any]) -> dict[str, Any]:
+    """``info`` without the ``task`` object: the admissible actions, flags and the env's scalar extras."""
+    return {k: v for k, v in info.items() if k != "task"}
+
+
+def env_factory(name: str, **env_kwargs: Any) -> EnvFactory:
+    """A picklable factory for a registered env (Ray ships it to its actors)."""
+    return functools.partial(make, name, **env_kwargs)
+
+
+@runtime_checkable
+class EnvPool(Protocol):
+    """Slots ``0..num_envs-1``, each one env. ``source`` is what the env's trajectories are ("real" for a real
+    env, "synthetic" for the dream; read from the env's ``source`` attribute, "real" when it has none)."""
+
+    num_envs: int
+    name: str
+    source: Source
+
+    def tasks(self, split: str) -> list[Task]: ...
+
+    def reset_batch(
+        self, indices: Sequence[int], tasks: Sequence[Task], seeds: Sequence[int], split: str
+    ) -> list[tuple[str, dict[str, Any]]]: ...
+
+    def step_batch(self, indices: Sequence[int], actions: Sequence[str]) -> list[StepResult]: ...
+
+    def close(self) -> None: ...
+
+
+def _reset(env: TextEnv, task: Task, seed: int, split: str) -> tuple[str, dict[str, Any]]:
+    obs, info = env.reset(seed=seed, options={"task": task, "split": split})
+    return obs, info_essentials(info)
+
+
+def _step(env: TextEnv, action: str) -> StepResult:
+    obs, reward, terminated, truncated, info = env.step(action)
+    return StepResult(obs, reward, terminated, truncated, info_essentials(info))
+
+
+def _source(env: TextEnv) -> Source:
+    source = getattr(env, "source", "real")
+    if source == "real" or source == "synthetic":
+        return "real" if source == "real" else "synthetic"
+    raise ValueError(f"env {env.name!r} has source {source!r}; expected 'real' or 'synthetic'")
+
+
+class LocalEnvPool:
+    """``num_envs`` env instances in this process, made by ``factory``; stepped one after the other."""
+
+    def __init__(self, factory: EnvFactory, num_envs: int) -> None:
+        if num_envs < 1:
+            raise ValueError(f"an env pool needs at least one env, got num_envs={num_envs}")
+        self.envs = [factory() for _ in range(num_envs)]
+        self.num_envs = num_envs
+        self.name = self.envs[0].name
+        self.source: Source = _source(self.envs[0])
+
+    def tasks(self, split: str) -> list[Task]:
+        return self.envs[0].tasks(split)
+
+    def reset_batch(
+        self, indices: Sequence[int], tasks: Sequence[Task], seeds: Sequence[int], split: str
+    ) -> list[tuple[str, dict[str, Any]]]:
+        return [_reset(self.envs[i], t, s, split) for i, t, s in zip(indices, tasks, seeds, strict=True)]
+
+    def step_batch(self, indices: Sequence[int], actions: Sequence[str]) -> list[StepResult]:
+        return [_step(self.envs[i], a) for i, a in zip(indices, actions, strict=True)]
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+class _EnvActor:
+    """One env inside a Ray actor process (wrapped by ``ray.remote`` in :class:`RayEnvPool`)."""
+
+    def __init__(self, factory: EnvFactory) -> None:
+        self.env = factory()
+
+    def describe(self) -> tuple[str, Source]:
+        return self.env.name, _source(self.env)
+
+    def tasks(self, split: str) -> list[Task]:
+        return self.env.tasks(split)
+
+    def reset(self, task: Task, seed: int, split: str) -> tuple[str, dict[str, Any]]:
+        return _reset(self.env, task, seed, split)
+
+    def step(self, action: str) -> StepResult:
+        return _step(self.env, action)
+
+
+class RayEnvPool:
+    """The same interface with each env in its own Ray actor, so slow envs step in parallel processes.
+
+    ``factory`` must be picklable (use :func:`env_factory`). Ray is imported here only; install it with
+    ``pip install 'dreamgym[ray]'``. A Ray cluster already started by the caller is reused.
+    """
+
+    def __init__(self, factory: EnvFactory, num_envs: int, num_cpus: int = 2, step_timeout_s: float = 300.0) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise ImportError("RayEnvPool needs ray: pip install 'dreamgym[ray]'") from None
+        if num_envs < 1:
+            raise ValueError(f"an env pool needs at least one env, got num_envs={num_envs}")
+        if not ray.is_initialized():
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        self._ray = ray
+        remote_actor: Any = ray.remote(num_cpus=0)(_EnvActor)  # an idle env needs no CPU reserved
+        self.actors: list[Any] = [remote_actor.remote(factory) for _ in range(num_envs)]
+        self.timeout_s = step_timeout_s
+        self.num_envs = num_envs
+        self.name, self.source = self._get([self.actors[0].describe.remote()])[0]
+
+    def _get(self, refs: list[Any]) -> list[Any]:
+        try:
+            return list(self._ray.get(refs, timeout=self.timeout_s))
+        except self._ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"Ray env pool: no answer from an env actor within {self.timeout_s:.0f} s") from None
+
+    def tasks(self, split: str) -> list[Task]:
+        return list(self._get([self.actors[0].tasks.remote(split)])[0])
+
+    def reset_batch(
+        self, indices: Sequence[int], tasks: Sequence[Task], seeds: Sequence[int], split: str
+    ) -> list[tuple[str, dict[str, Any]]]:
+        refs = [self.actors[i].reset.remote(t, s, split) for i, t, s in zip(indices, tasks, seeds, strict=True)]
+        return self._get(refs)
+
+    def step_batch(self, indices: Sequence[int], actions: Sequence[str]) -> list[StepResult]:
+        return self._get([self.actors[i].step.remote(a) for i, a in zip(indices, actions, strict=True)])
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self._ray.kill(actor)
+        self.actors = []
+
+
+def make_pool(factory: EnvFactory, num_envs: int, backend: str = "local", num_cpus: int = 2) -> EnvPool:
+    """``backend``: ``local`` (in-process) or ``ray`` (one actor per env)."""
+    if backend == "local":
+        return LocalEnvPool(factory, num_envs)
+    if backend == "ray":
+        return RayEnvPool(factory, num_envs, num_cpus=num_cpus)
+    raise ValueError(f"unknown env pool backend {backend!r}; choose local or ray")
+
+
+__all__ = [
+    "EnvFactory",
+    "EnvPool",
+    "LocalEnvPool",
+    "RayEnvPool",
+    "StepResult",
+    "env_factory",
+    "info_essentials",
+    "make_pool",
+]

@@ -1,0 +1,232 @@
+"""Multi-turn rollouts: G episodes per task, many tasks, one batched policy call per turn.
+
+``collect_rollouts`` plays ``len(tasks) × group_size`` episodes on an :class:`~dreamgym.rl.envpool.EnvPool`.
+Every turn it makes ONE ``policy.act`` call over all live episodes, then steps their envs as a batch. When
+there are more episodes than env slots, a finished episode's slot takes the next waiting episode
+(continuous batching), so the pool size bounds memory, not correctness.
+
+What a turn keeps, for RL (token-in/token-out: nothing is re-tokenised between acting and training):
+
+* ``prompt_ids``: the agent prompt (task, step count, recent actions, the env's current state, admissible
+  actions) exactly as the policy saw it. It is context: never trained on.
+* ``response_ids`` and their behaviour ``logprobs``: the policy's own tokens, the only trained ones
+  (loss mask = 1 on exactly these).
+* ``reward``: the env reward minus the invalid-action penalty when the env flagged the action invalid
+  (``env_reward`` keeps the env's own number; trajectories written to files carry that one).
+
+Seeds: episode ``e`` resets its env with seed ``seed + e`` (so a greedy evaluation plays the same episodes as
+the scripted ``dreamgym eval``), and the c-th ``policy.act`` call samples with a seed drawn from
+``numpy.random.default_rng(seed)``; the same ``seed`` and weights give the same episodes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dreamgym.agent.policy import AgentObservation, LLMPolicy
+from dreamgym.rl.envpool import EnvPool
+from dreamgym.types import Source, Task, Trajectory, Transition
+
+# Seeds handed to the sampler stay below this, so that ``seed + row`` fits every generator.
+MAX_SEED = 2**62
+
+
+@dataclass
+class Turn:
+    """One policy response and the env step it caused."""
+
+    state: str  # the observation acted in
+    admissible: list[str]  # the admissible actions shown with it
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float] | None  # behaviour log-probs, one per response id (None for greedy acting)
+    text: str
+    action: str  # "" when nothing parsable was generated (the env then flags the step invalid)
+    parsed: bool
+    next_state: str
+    env_reward: float
+    reward: float  # env_reward − invalid_action_penalty on invalid steps: what RL optimises
+    terminated: bool
+    truncated: bool  # by the env or by the rollout's max_steps
+    info: dict[str, Any]  # the env's info essentials after the step (its admissible actions dropped)
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated
+
+    @property
+    def invalid(self) -> bool:
+        return bool(self.info.get("invalid_action"))
+
+
+@dataclass
+class Episode:
+    task: Task
+    group_id: int  # index of the task in the rollout's task list: one GRPO group per task
+    seed: int  # the env reset seed
+    source: Source
+    turns: list[Turn] = field(default_factory=list)
+    success: bool = False
+
+    @property
+    def env_steps(self) -> int:
+        """Real env transitions this episode consumed (one ``env.step`` per turn)."""
+        return len(self.turns)
+
+    @property
+    def env_return(self) -> float:
+        return float(sum(t.env_reward for t in self.turns))
+
+    @property
+    def shaped_return(self) -> float:
+        """The return RL optimises: env rewards plus invalid-action penalties."""
+        return float(sum(t.reward for t in self.turns))
+
+    @property
+    def done(self) -> bool:
+        return bool(self.turns) and self.turns[-1].done
+
+    def to_trajectory(self, policy_name: str = "llm", env_name: str | None = None) -> Trajectory:
+        """The episode as a :class:`Trajectory` (env rewards; penalties and token ids left out)."""
+        transitions = []
+        for t in self.turns:
+            info: dict[str, Any] = {"invalid_action": t.invalid, "parsed": t.parsed, "admissible_actions": t.admissible}
+            if t.truncated:
+                info["truncated"] = True
+            transitions.append(
+                Transition(state=t.state, action=t.action, next_state=t.next_state, reward=t.env_reward,
+                           done=t.done, info=info)
+            )
+        return Trajectory(
+            task=self.task,
+            transitions=transitions,
+            success=self.success,
+            source=self.source,
+            policy=policy_name,
+            meta={"env": env_name or self.task.env, "seed": self.seed, "group_id": self.group_id,
+                  "invalid_actions": sum(t.invalid for t in self.turns)},
+        )
+
+
+@dataclass
+class RolloutStats:
+    """Where a rollout's time went; accumulates over calls."""
+
+    generation_s: float = 0.0
+    env_s: float = 0.0
+    policy_calls: int = 0
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    env_steps: int = 0
+
+
+@dataclass
+class _Live:
+    """An episode in progress on a pool slot."""
+
+    episode: Episode
+    obs: str
+    admissible: list[str]
+    history: list[tuple[str, str]] = field(default_factory=list)
+
+
+def collect_rollouts(
+    pool: EnvPool,
+    policy: LLMPolicy,
+    tasks: Sequence[Task],
+    group_size: int = 1,
+    max_steps: int = 15,
+    greedy: bool = False,
+    seed: int = 0,
+    split: str = "train",
+    invalid_action_penalty: float | None = None,
+    stats: RolloutStats | None = None,
+) -> list[Episode]:
+    """Play ``group_size`` episodes of every task; returns them task-major (task 0's G episodes first).
+
+    ``invalid_action_penalty`` defaults to the policy's configured one.
+    """
+    if group_size < 1 or max_steps < 1:
+        raise ValueError(f"group_size and max_steps must be >= 1, got {group_size} and {max_steps}")
+    penalty = policy.cfg.invalid_action_penalty if invalid_action_penalty is None else invalid_action_penalty
+    stats = stats if stats is not None else RolloutStats()
+    sampler_seeds = np.random.default_rng(seed)
+    episodes = [
+        Episode(task=task, group_id=k, seed=seed + k * group_size + g, source=pool.source)
+        for k, task in enumerate(tasks)
+        for g in range(group_size)
+    ]
+    waiting = deque(episodes)
+    live: dict[int, _Live] = {}  # pool slot -> episode
+    while waiting or live:
+        # 1. fill free slots with waiting episodes
+        free = [i for i in range(pool.num_envs) if i not in live][: len(waiting)]
+        if free:
+            starting = [waiting.popleft() for _ in free]
+            t0 = time.perf_counter()
+            resets = pool.reset_batch(free, [e.task for e in starting], [e.seed for e in starting], split)
+            stats.env_s += time.perf_counter() - t0
+            for slot, episode, (obs, info) in zip(free, starting, resets, strict=True):
+                live[slot] = _Live(episode, obs, list(info.get("admissible_actions") or []))
+
+        # 2. one batched policy call for every live episode
+        slots = sorted(live)
+        batch = [
+            AgentObservation(live[i].episode.task.instruction, live[i].obs, live[i].admissible, live[i].history)
+            for i in slots
+        ]
+        t0 = time.perf_counter()
+        steps = policy.act(batch, greedy=greedy, seed=int(sampler_seeds.integers(MAX_SEED)))
+        stats.generation_s += time.perf_counter() - t0
+        stats.policy_calls += 1
+        stats.generated_tokens += sum(len(s.response_ids) for s in steps)
+        stats.prompt_tokens += sum(len(s.prompt_ids) for s in steps)
+
+        # 3. step the envs
+        t0 = time.perf_counter()
+        results = pool.step_batch(slots, [s.action for s in steps])
+        stats.env_s += time.perf_counter() - t0
+        stats.env_steps += len(slots)
+        for slot, step, result in zip(slots, steps, results, strict=True):
+            ep = live[slot]
+            invalid = bool(result.info.get("invalid_action"))
+            truncated = result.truncated or (not result.terminated and len(ep.episode.turns) + 1 >= max_steps)
+            ep.episode.turns.append(
+                Turn(
+                    state=ep.obs,
+                    admissible=ep.admissible,
+                    prompt_ids=step.prompt_ids,
+                    response_ids=step.response_ids,
+                    logprobs=step.logprobs,
+                    text=step.text,
+                    action=step.action,
+                    parsed=step.parsed,
+                    next_state=result.obs,
+                    env_reward=result.reward,
+                    reward=result.reward - (penalty if invalid else 0.0),
+                    terminated=result.terminated,
+                    truncated=truncated,
+                    info={k: v for k, v in result.info.items() if k != "admissible_actions"},
+                )
+            )
+            if result.terminated or truncated:
+                ep.episode.success = bool(result.info.get("success"))
+                del live[slot]
+            else:
+                ep.history.append((ep.obs, step.action))
+                ep.obs, ep.admissible = result.obs, list(result.info.get("admissible_actions") or [])
+    return episodes
+
+
+def count_env_steps(episodes: Sequence[Episode]) -> int:
+    """The exact number of env transitions (``env.step`` calls) behind ``episodes``."""
+    return sum(e.env_steps for e in episodes)
+
+
+__all__ = ["Episode", "RolloutStats", "Turn", "collect_rollouts", "count_env_steps"]

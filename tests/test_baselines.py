@@ -1,0 +1,175 @@
+"""The offline baselines: behaviour cloning prompts match acting, BC memorises the oracle, DPO moves the margin."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dreamgym.agent.policy import PolicyConfig, format_action_target, load_policy
+from dreamgym.baselines import (
+    DPOTrainConfig,
+    agent_observations,
+    bc_examples,
+    preference_margin,
+    preference_pairs,
+    train_bc,
+    train_dpo,
+)
+from dreamgym.collect import iter_episodes
+from dreamgym.envs import make
+from dreamgym.envs.base import TextEnv
+from dreamgym.eval import run_eval_episodes
+from dreamgym.rl.envpool import env_factory
+from dreamgym.train.sft import SFTConfig, encode_prompt
+from dreamgym.types import Task, Trajectory, Transition, write_trajectories
+
+torch.set_num_threads(1)
+
+SHOP = {"num_products": 100}
+TASKS = 6  # oracle episodes to clone (~27 steps)
+# Tuned for memorising ~27 steps with the micro preset in ~30 s on a loaded 2-core machine.
+SFT = SFTConfig(epochs=30, batch_size=4, learning_rate=1e-2, warmup_ratio=0.05, logging_steps=10_000,
+                save_steps=10_000, num_threads=1)
+
+
+@pytest.fixture(scope="module")
+def shop() -> TextEnv:
+    return make("shop", **SHOP)
+
+
+@pytest.fixture(scope="module")
+def oracle(shop: TextEnv) -> list[Trajectory]:
+    return list(iter_episodes(shop, shop.scripted_policy("oracle"), TASKS, seed=0))
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory: pytest.TempPathFactory, oracle: list[Trajectory]) -> Path:
+    tmp = tmp_path_factory.mktemp("bc")
+    write_trajectories(tmp / "oracle.jsonl", oracle)
+    train_bc([tmp / "oracle.jsonl"], "micro", tmp / "run", SFT, PolicyConfig(), vocab_size=1024)
+    return tmp / "run"
+
+
+def traj(task_id: str, actions: list[str], success: bool, invalid: tuple[int, ...] = ()) -> Trajectory:
+    steps = [
+        Transition(state=f"s{i}", action=a, next_state=f"s{i + 1}", reward=float(success and i == len(actions) - 1),
+                   done=i == len(actions) - 1, info={"invalid_action": i in invalid, "admissible_actions": [a, "x"]})
+        for i, a in enumerate(actions)
+    ]
+    return Trajectory(task=Task(task_id=task_id, instruction=f"do {task_id}"), transitions=steps, success=success)
+
+
+# ------------------------------------------------------------------------------------- unit: the data
+
+
+def test_bc_examples_are_the_valid_steps_of_successes_with_full_context() -> None:
+    data = [traj("a", ["p", "q", "r"], success=True, invalid=(1,)), traj("b", ["p"], success=False)]
+    examples = bc_examples(data, PolicyConfig(history_window=1))
+    assert [e.target for e in examples] == ["<action>p</action>", "<action>r</action>"]  # failure + invalid out
+    prompt = examples[1].prompt  # step 2: the history holds the invalid step too, as acting keeps it
+    assert isinstance(prompt, list) and prompt[1]["content"] == "TASK: do a\nSTEP: 2\nHISTORY: q\nSTATE:\ns2\nACTIONS: r | x"
+    assert len(bc_examples(data, PolicyConfig(), only_successful=False)) == 3
+
+
+def test_preference_pairs_take_the_first_differing_step_against_the_closest_success() -> None:
+    data = [
+        traj("a", ["s", "k", "buy"], success=True),
+        traj("a", ["s", "m", "buy"], success=True),
+        traj("a", ["s", "m", "bad"], success=False),  # closest success: the 2nd (prefix 2)
+        traj("a", ["s", "m", "bad"], success=False),  # the same pair again: kept once
+        traj("a", ["s", "k"], success=False),  # a prefix of a success: no differing step
+        traj("b", ["s", "x"], success=False),  # no success of task b
+    ]
+    pairs = preference_pairs(data, PolicyConfig())
+    assert [(p.task_id, p.step, p.chosen, p.rejected) for p in pairs] == [
+        ("a", 2, "<action>buy</action>", "<action>bad</action>")
+    ]
+    assert pairs[0].prompt[1]["content"].startswith("TASK: do a\nSTEP: 2\nHISTORY: s ; m\nSTATE:\ns2")
+
+
+# ----------------------------------------------------------------------------- behaviour cloning
+
+
+def test_bc_prompts_are_exactly_what_the_policy_saw_when_acting(sft_run: Path) -> None:
+    policy = load_policy(sft_run)
+    episodes = run_eval_episodes(policy, env_factory("shop", **SHOP), split="train", episodes=4, num_envs=4)
+    compared = 0
+    for episode in episodes:
+        examples = bc_examples([episode.to_trajectory()], policy.cfg, only_successful=False)
+        valid = [t for t in episode.turns if not t.invalid]
+        assert [encode_prompt(policy.llm.tokenizer, e.prompt) for e in examples] == [t.prompt_ids for t in valid]
+        assert [e.target for e in examples] == [format_action_target(t.action) for t in valid]
+        compared += len(valid)
+    assert compared >= 8
+
+
+def test_bc_policy_greedily_reproduces_the_oracle_on_its_training_prompts(
+    sft_run: Path, oracle: list[Trajectory]
+) -> None:
+    summary = json.loads((sft_run / "summary.json").read_text())
+    n_steps = sum(t.num_steps for t in oracle)
+    assert summary["real_transitions"] == n_steps and summary["examples"] == n_steps
+    policy = load_policy(sft_run)
+    assert policy.cfg == PolicyConfig()
+    observations = [o for t in oracle for o in agent_observations(t)]
+    actions = [x.action for t in oracle for x in t.transitions]
+    acted = policy.act(observations, greedy=True)
+    matched = sum(s.action == a for s, a in zip(acted, actions, strict=True))
+    assert matched >= 0.6 * len(actions), f"{matched}/{len(actions)} oracle actions reproduced"
+    assert {s.action for s in acted if s.action.startswith("search[")}  # it learned to write queries too
+
+
+# --------------------------------------------------------------------------------------------- DPO
+
+
+def test_dpo_raises_the_chosen_vs_rejected_margin(sft_run: Path, shop: TextEnv, tmp_path: Path) -> None:
+    data = list(iter_episodes(shop, shop.scripted_policy("oracle"), TASKS, seed=0))
+    for seed in range(2):  # the same tasks, played badly
+        data += iter_episodes(shop, shop.scripted_policy("noisy", seed=seed, noise=0.7), TASKS, seed=0)
+    write_trajectories(tmp_path / "mixed.jsonl", data)
+    cfg = DPOTrainConfig(epochs=2, batch_size=8, learning_rate=1e-3, num_threads=1)
+    summary = train_dpo([tmp_path / "mixed.jsonl"], sft_run, tmp_path / "dpo", cfg)
+    assert summary["pairs"] >= 4 and summary["real_transitions"] == sum(t.num_steps for t in data)
+    assert summary["margin_after"] > summary["margin_before"] + 1.0
+    policy = load_policy(tmp_path / "dpo")  # the saved weights are the trained ones
+    pairs = preference_pairs(data, policy.cfg)
+    saved = preference_margin(policy.llm.model, policy.llm.tokenizer, pairs)  # type: ignore[attr-defined]
+    assert saved == pytest.approx(summary["margin_after"], abs=1e-3)
+
+
+# --------------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_dpo_writes_a_policy_run(sft_run: Path, oracle: list[Trajectory], tmp_path: Path) -> None:
+    from dreamgym.cli import app
+
+    data = [*oracle, *(t.model_copy(deep=True, update={"success": False}) for t in oracle[:2])]  # a failure per task…
+    data[-1].transitions[0].action = "search[wrong]"  # …that departs from the success at step 0
+    data[-2].transitions[1].action = "click[next >]"
+    write_trajectories(tmp_path / "d.jsonl", data)
+    out = tmp_path / "dpo"
+    r = CliRunner().invoke(app, ["baseline", "dpo", "--data", str(tmp_path / "d.jsonl"), "--init", str(sft_run),
+                                 "--out", str(out), "--epochs", "1", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.strip().splitlines()[-1])["pairs"] == 2
+    assert (out / "model" / "model.safetensors").is_file() and (out / "policy.json").is_file()
+
+
+def test_cli_sft_without_successes_is_one_line_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dreamgym.cli import main
+
+    write_trajectories(tmp_path / "fail.jsonl", [traj("a", ["p"], success=False)])
+    argv = ["dreamgym", "baseline", "sft", "--data", str(tmp_path / "fail.jsonl"), "--model", "micro",
+            "--out", str(tmp_path / "run")]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    lines = [ln for ln in capsys.readouterr().err.strip().splitlines() if ln.strip()]
+    assert exit_info.value.code == 2 and len(lines) == 1 and "no successful trajectories" in lines[0], lines

@@ -1,0 +1,169 @@
+"""The RL trainer on the real shop with a micro policy: GRPO and PPO iterations update the weights, the KL to
+the reference is 0 before the first update, real transitions are counted exactly, a resumed run continues
+bit for bit, the budget stops training, and the CLI trains and evaluates a run directory."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from dreamgym.agent.policy import PolicyConfig, save_policy
+from dreamgym.baselines.sft import bc_examples, init_model
+from dreamgym.collect import iter_episodes
+from dreamgym.envs import make, register
+from dreamgym.envs.shop import ShopEnv
+from dreamgym.rl.trainer import RLConfig, train
+from dreamgym.train.sft import MaskedCollator, tokenize_example
+from dreamgym.types import read_jsonl
+
+torch.set_num_threads(1)
+
+SHOP: dict[str, Any] = {"num_products": 100, "num_tasks_per_split": 1}  # one train task: the one cloned below
+
+
+class CountingShop(ShopEnv):
+    """The real shop, counting every ``step`` call across instances."""
+
+    steps_taken = 0
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        CountingShop.steps_taken += 1
+        return super().step(action)
+
+
+register("counting-shop", CountingShop)
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A micro policy that has memorised the oracle on the train task greedily, but not when sampling (so the
+    episodes of a group differ and GRPO has a signal). Cloned with a plain full-batch loop: the steps are those
+    of ``train_bc``, minus the Trainer's start-up time."""
+    env = make("shop", **SHOP)
+    trajs = list(iter_episodes(env, env.scripted_policy("oracle"), 1, seed=0))
+    policy_cfg = PolicyConfig(max_new_tokens=16)
+    examples = bc_examples(trajs, policy_cfg)
+    model, tokenizer = init_model("micro", trajs, examples, vocab_size=1024, seed=0)
+    rows = [tokenize_example(tokenizer, ex, max_length=1024) for ex in examples]
+    batch = MaskedCollator(tokenizer.pad_token_id)([r for r in rows if r is not None])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(60):
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    run = tmp_path_factory.mktemp("bc") / "run"
+    save_policy(run, model, tokenizer, policy_cfg)
+    return run
+
+
+def config(sft_run: Path, **overrides: Any) -> RLConfig:
+    base: dict[str, Any] = {
+        "init": str(sft_run), "env": "counting-shop", "env_kwargs": SHOP, "iterations": 1, "tasks_per_iter": 2,
+        "group_size": 4, "max_steps": 4, "temperature": 1.0, "lr": 1e-3, "minibatch_size": 1000,
+        "micro_batch_size": 8, "eval_episodes": 2, "eval_every": 0, "save_every": 1, "num_threads": 1,
+    }
+    return RLConfig.model_validate({**base, **overrides})
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    model_dir = run_dir / "model"
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+def changed(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return any(not torch.equal(a[k], b[k]) for k in a)
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_grpo_iteration_updates_the_policy_and_counts_real_transitions(sft_run: Path, tmp_path: Path) -> None:
+    before = CountingShop.steps_taken
+    summary = train(config(sft_run, algo="grpo", kl_coef=0.02), tmp_path / "run")
+    env_steps = CountingShop.steps_taken - before
+    rollouts = list(read_jsonl(tmp_path / "run" / "rollouts" / "iter_00001.jsonl"))
+    assert len(rollouts) == 8 and summary["real_transitions"] == sum(t.num_steps for t in rollouts)
+    assert summary["real_transitions"] + summary["eval_transitions"] == env_steps
+    assert summary["iterations"] == 1 and summary["eval_episodes"] == 2
+    assert {"success_rate", "mean_reward", "initial_eval"} <= set(summary)
+    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary
+    shaped = [t.total_reward - 0.1 * sum(bool(x.info["invalid_action"]) for x in t.transitions) for t in rollouts]
+    assert len(set(shaped[:4])) > 1 or len(set(shaped[4:])) > 1  # some group has a non-zero advantage
+    m = metrics(tmp_path / "run")[0]
+    assert m["kl"] == 0.0  # one minibatch, scored before the optimizer step: π_θ = π_ref
+    assert m["logp_behaviour_gap"] < 1e-4  # recomputed log-probs = generation-time log-probs
+    assert changed(weights(sft_run), weights(tmp_path / "run"))
+    assert (tmp_path / "run" / "tb").is_dir() and (tmp_path / "run" / "checkpoint" / "optimizer.pt").is_file()
+
+
+def test_ppo_iteration_updates_policy_and_critic(sft_run: Path, tmp_path: Path) -> None:
+    summary = train(config(sft_run, algo="ppo", minibatch_size=8), tmp_path / "run")
+    assert summary["algo"] == "ppo" and summary["iterations"] == 1
+    assert changed(weights(sft_run), weights(tmp_path / "run"))
+    critic = load_file(str(tmp_path / "run" / "checkpoint" / "critic.safetensors"))
+    assert float(critic["value_head.weight"].abs().sum()) > 0  # zero-initialised, then trained
+    assert metrics(tmp_path / "run")[0]["value_loss"] >= 0
+
+
+def test_resumed_run_continues_bit_for_bit(sft_run: Path, tmp_path: Path) -> None:
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train(config(sft_run, iterations=2, minibatch_size=8), straight)
+    train(config(sft_run, iterations=1, minibatch_size=8), split)
+    train(config(sft_run, iterations=2, minibatch_size=8), split, resume=True)
+    second = [list(read_jsonl(run / "rollouts" / "iter_00002.jsonl")) for run in (straight, split)]
+    assert [[x.action for x in t.transitions] for t in second[0]] == [[x.action for x in t.transitions] for t in second[1]]
+    a, b = weights(straight), weights(split)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [m["iteration"] for m in metrics(split)] == [1, 2]
+    assert json.loads((split / "summary.json").read_text())["real_transitions"] == json.loads(
+        (straight / "summary.json").read_text())["real_transitions"]
+    with pytest.raises(ValueError, match="already holds a run"):
+        train(config(sft_run), split)
+
+
+def test_real_transition_budget_stops_training(sft_run: Path, tmp_path: Path) -> None:
+    summary = train(config(sft_run, iterations=5, real_transition_budget=1), tmp_path / "run")
+    assert summary["iterations"] == 1 and 1 <= summary["real_transitions"] <= 2 * 4 * 4
+    assert summary["evals"][-1]["iteration"] == 1  # the last evaluation is of the final policy
+
+
+def test_config_rejects_unknown_fields_and_grpo_without_groups(sft_run: Path, tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text("algo: ppo\nlr: 0.001\n")
+    cfg = RLConfig.from_yaml(tmp_path / "c.yaml", {"group_size": 1})
+    assert cfg.algo == "ppo" and cfg.lr == 1e-3 and cfg.group_size == 1
+    with pytest.raises(ValueError, match="learning_rate"):
+        RLConfig.model_validate({"learning_rate": 1.0})
+    with pytest.raises(ValueError, match="group_size >= 2"):
+        RLConfig(algo="grpo", group_size=1)
+
+
+def test_cli_trains_then_evaluates_the_run(
+    sft_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dreamgym.cli import app, main
+
+    out = tmp_path / "run"
+    sets = ["iterations=1", "tasks_per_iter=1", "group_size=2", "max_steps=2", "eval_episodes=2", "num_threads=1",
+            "env_kwargs={num_products: 100, num_tasks_per_split: 1}"]
+    args = ["train", "--env", "shop", "--algo", "grpo", "--init", str(sft_run), "--out", str(out)]
+    r = CliRunner().invoke(app, [*args, *(x for s in sets for x in ("--set", s))])
+    assert r.exit_code == 0, r.output
+    line = json.loads(r.stdout.strip().splitlines()[-1])
+    assert line["iterations"] == 1 and line["real_transitions"] >= 2 and line["eval_episodes"] == 2
+    r = CliRunner().invoke(app, ["eval", "--env", "shop", "--env-arg", "num_products=100", "--policy", str(out),
+                                 "--split", "test", "--episodes", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result["episodes"] == 3 and {"success_rate", "mean_reward", "mean_steps", "invalid_action_rate"} <= set(result)
+    monkeypatch.setattr(sys, "argv", ["dreamgym", *args])  # the run exists and --resume is missing
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2 and "already holds a run" in capsys.readouterr().err
