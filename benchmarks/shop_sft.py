@@ -47,6 +47,9 @@ def main() -> None:
     ap.add_argument("--time-budget", type=float, default=None, help="also stop after this many wall seconds")
     ap.add_argument("--test-episodes", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared machine)")
+    ap.add_argument("--action-format", choices=["text", "index"], default="index",
+                    help="index: the policy answers an option number (tiny-model default); text: the action itself")
+    ap.add_argument("--no-task-search", action="store_true", help="don't offer search[<instruction>] as an option")
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/dreamgym_shop_sft"))
     ap.add_argument("--results", type=Path, default=RESULTS)
     args = ap.parse_args()
@@ -66,7 +69,8 @@ def main() -> None:
     sft_cfg = SFTConfig(max_steps=args.max_steps, learning_rate=args.lr, batch_size=args.batch_size,
                         time_budget_s=args.time_budget, num_threads=args.threads, logging_steps=50, save_steps=10_000)
     cpu0 = time.process_time()
-    summary = train_bc([data], args.preset, args.work_dir / "run", sft_cfg, PolicyConfig())
+    policy_cfg = PolicyConfig(action_format=args.action_format, offer_task_search=not args.no_task_search)
+    summary = train_bc([data], args.preset, args.work_dir / "run", sft_cfg, policy_cfg)
     train_cpu_s = time.process_time() - cpu0
 
     t0 = time.perf_counter()

@@ -12,6 +12,14 @@ Prompt (chat messages; the paper's App. C agent prompt, made compact for small m
 Output: ``<think>…</think><action>…</action>`` with thinking optional (off for tiny models), so the target of
 behaviour cloning for a step is ``<action>click[b0abc]</action>``. Generation stops at ``</action>``.
 
+``action_format="index"`` (the tiny CPU default) numbers the options and lets the agent answer with a number,
+``<action>3</action>``, or with a free-text action where the env allows one (a search query): a from-scratch
+3M-parameter model does not learn to copy item ids within a CPU budget (FACTS.md; our own measurement: 0% test
+success with text actions), while choosing among numbered options is classification. With
+``offer_task_search`` the options also include ``search[<the task instruction>]`` wherever the env offers a
+search (it is then always option 1): an agent-side affordance, nothing the env is told. What the env receives
+is always the full action text.
+
 ``LLMPolicy.act`` keeps exactly what the model generated (prompt ids, response ids, per-token log-probs) for
 RL: nothing is re-tokenised between acting and training.
 """
@@ -23,7 +31,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,7 +41,7 @@ ACTION_OPEN, ACTION_CLOSE = "<action>", "</action>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 SYSTEM_PROMPT = (
     "You are an agent acting in a text environment to complete the task. Each turn you see the current state "
-    "(one element per line) and the admissible actions. Reply with {think}<action>ACTION</action>."
+    "(one element per line) and the admissible actions. Reply with {think}<action>{answer}</action>."
 )
 _ACTION_TAG = re.compile(r"<action>(.*?)(?:</action>|$)", re.DOTALL | re.IGNORECASE)
 _BRACKET_ACTION = re.compile(r"\b([a-z_]+\[[^\[\]\n]*\])", re.IGNORECASE)
@@ -51,6 +59,8 @@ class PolicyConfig(BaseModel):
     temperature: float = Field(default=1.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     invalid_action_penalty: float = Field(default=0.1, ge=0, description="subtracted from an invalid step's reward")
+    action_format: Literal["text", "index"] = Field(default="text", description="index: answer an option number")
+    offer_task_search: bool = Field(default=False, description="add search[<instruction>] where search is offered")
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,15 @@ class PolicyStep:
     logprobs: list[float] | None
 
 
+def agent_options(obs: AgentObservation, cfg: PolicyConfig) -> list[str]:
+    """The actions shown to the agent (numbered in ``index`` format), in the env's order."""
+    options = list(obs.admissible_actions)[: cfg.max_admissible]
+    if cfg.offer_task_search and any(a.startswith("search[") for a in options):
+        task_search = f"search[{' '.join(obs.instruction.split())}]"
+        options = [task_search, *[a for a in options if a != task_search]]
+    return options
+
+
 def build_agent_prompt(obs: AgentObservation, cfg: PolicyConfig) -> ChatMessages:
     think = "<think>REASONING</think>" if cfg.thinking else ""
     lines = [f"TASK: {obs.instruction}", f"STEP: {len(obs.history)}"]
@@ -81,10 +100,14 @@ def build_agent_prompt(obs: AgentObservation, cfg: PolicyConfig) -> ChatMessages
         lines.append("HISTORY: " + " ; ".join(a for _, a in recent))
     state = obs.state if len(obs.state) <= cfg.max_state_chars else obs.state[: cfg.max_state_chars] + " …"
     lines.append("STATE:\n" + state)
-    if cfg.show_admissible and obs.admissible_actions:
-        lines.append("ACTIONS: " + " | ".join(list(obs.admissible_actions)[: cfg.max_admissible]))
+    options = agent_options(obs, cfg)
+    if cfg.action_format == "index" and options:
+        lines.append("ACTIONS:\n" + "\n".join(f"{i} {a}" for i, a in enumerate(options, start=1)))
+    elif cfg.show_admissible and options:
+        lines.append("ACTIONS: " + " | ".join(options))
+    answer = "the number of an action, or an action" if cfg.action_format == "index" else "ACTION"
     return [
-        {"role": "system", "content": SYSTEM_PROMPT.format(think=think)},
+        {"role": "system", "content": SYSTEM_PROMPT.format(think=think, answer=answer)},
         {"role": "user", "content": "\n".join(lines)},
     ]
 
@@ -95,9 +118,28 @@ def format_action_target(action: str, thought: str | None = None) -> str:
     return f"{think}{ACTION_OPEN}{action}{ACTION_CLOSE}"
 
 
+def action_target(obs: AgentObservation, action: str, cfg: PolicyConfig, thought: str | None = None) -> str:
+    """The behaviour-cloning target for taking ``action`` at ``obs``: its option number in ``index`` format
+    when it is one of the options, else the action text."""
+    if cfg.action_format == "index":
+        options = [a.lower() for a in agent_options(obs, cfg)]
+        if action.lower() in options:
+            return format_action_target(str(options.index(action.lower()) + 1), thought)
+    return format_action_target(action, thought)
+
+
+def resolve_action(answer: str, options: Sequence[str]) -> str | None:
+    """An answer that is an option number becomes that option; a number out of range is None."""
+    if answer.isdigit():
+        n = int(answer)
+        return options[n - 1] if 1 <= n <= len(options) else None
+    return answer
+
+
 def parse_action(text: str) -> str | None:
     """The action in a completion: the content of the last ``<action>`` tag (closed or cut by the stop
-    string), else the last ``verb[arg]`` in the text; None when there is none. Never raises."""
+    string), else the last ``verb[arg]`` in the text; None when there is none. Never raises. (In ``index``
+    format the content may be an option number: see :func:`resolve_action`.)"""
     tagged = [m.strip() for m in _ACTION_TAG.findall(text) if m.strip()]
     if tagged:
         return tagged[-1]
@@ -129,8 +171,10 @@ class LLMPolicy:
         prompts = [build_agent_prompt(o, self.cfg) for o in batch]
         completions = self.llm.generate(prompts, self.sampling(greedy, seed))
         steps = []
-        for c in completions:
+        for o, c in zip(batch, completions, strict=True):
             action = parse_action(c.text)
+            if action is not None and self.cfg.action_format == "index":
+                action = resolve_action(action, agent_options(o, self.cfg))
             if action is None:
                 self.unparsed += 1
             steps.append(

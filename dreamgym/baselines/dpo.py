@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from dreamgym.agent.policy import PolicyConfig, build_agent_prompt, format_action_target, save_policy
+from dreamgym.agent.policy import PolicyConfig, action_target, build_agent_prompt, save_policy
 from dreamgym.baselines.sft import agent_observations, read_data
 from dreamgym.llm.base import ChatMessages
 from dreamgym.rl.losses import token_logprobs
@@ -91,8 +91,9 @@ def preference_pairs(trajs: Sequence[Trajectory], policy_cfg: PolicyConfig) -> l
             t = _common_prefix(best, actions)
             if t == len(actions) or t == len(best):  # one is a prefix of the other: no differing step
                 continue
-            prompt = build_agent_prompt(agent_observations(failed)[t], policy_cfg)
-            pair = PreferencePair(prompt, format_action_target(best[t]), format_action_target(actions[t]), task_id, t)
+            obs = agent_observations(failed)[t]
+            pair = PreferencePair(build_agent_prompt(obs, policy_cfg), action_target(obs, best[t], policy_cfg),
+                                  action_target(obs, actions[t], policy_cfg), task_id, t)
             key = json.dumps([pair.prompt, pair.chosen, pair.rejected])
             if key not in seen:
                 seen.add(key)

@@ -22,8 +22,8 @@ from typing import Any
 from dreamgym.agent.policy import (
     AgentObservation,
     PolicyConfig,
+    action_target,
     build_agent_prompt,
-    format_action_target,
     save_policy,
 )
 from dreamgym.train.sft import SFTConfig, SFTExample, train_sft
@@ -75,7 +75,7 @@ def bc_examples(
                 continue
             if "admissible_actions" not in x.info:
                 missing_admissible += 1
-            examples.append(SFTExample(build_agent_prompt(obs, policy_cfg), format_action_target(x.action)))
+            examples.append(SFTExample(build_agent_prompt(obs, policy_cfg), action_target(obs, x.action, policy_cfg)))
     if invalid:
         log.info("behaviour cloning: skipped %d invalid-action steps", invalid)
     if missing_admissible and policy_cfg.show_admissible:

@@ -6,6 +6,7 @@ from dreamgym.curriculum.generator import (
     VariationOperator,
     cluster_groups,
     parse_variations,
+    variation_operator,
 )
 from dreamgym.curriculum.taskset import TaskEntry, TaskSet
 from dreamgym.rl.advantages import reward_variance
@@ -19,4 +20,5 @@ __all__ = [
     "cluster_groups",
     "parse_variations",
     "reward_variance",
+    "variation_operator",
 ]

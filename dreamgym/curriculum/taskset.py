@@ -66,7 +66,8 @@ class TaskSet:
                 self.entries[task_id].variances.append(float(v))
 
     def sample(self, n: int, rng: random.Random, synthetic_share: float) -> list[Task]:
-        """``n`` distinct tasks (fewer if the set is smaller) with at most ⌊λ·n⌋ synthetic ones."""
+        """``n`` tasks, distinct while the set is large enough (then repeated), at most ⌊λ·n⌋ synthetic ones
+        unless the seed tasks run out."""
         if not 0.0 <= synthetic_share <= 1.0:
             raise ValueError(f"synthetic_share (λ) must be in [0, 1], got {synthetic_share}")
         synthetic, seeds = self.synthetic_ids, self.seed_ids
@@ -74,6 +75,8 @@ class TaskSet:
         n_seed = min(len(seeds), n - n_syn)
         n_syn = min(len(synthetic), n - n_seed)  # fill from synthetic only if the seed tasks run out
         chosen = rng.sample(synthetic, n_syn) + rng.sample(seeds, n_seed)
+        if chosen and len(chosen) < n:  # a set smaller than the batch: repeat tasks (each is its own group)
+            chosen += [rng.choice(chosen) for _ in range(n - len(chosen))]
         rng.shuffle(chosen)
         for task_id in chosen:
             self.entries[task_id].times_sampled += 1

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from dreamgym.envs.base import TextEnv
 from dreamgym.experience.model import ExperienceModel
 from dreamgym.experience.protocol import ExperiencePrediction, ExperienceQuery
-from dreamgym.types import Task, Trajectory, Transition
+from dreamgym.types import Source, Task, Trajectory, Transition
 
 
 class InitialStates:
@@ -51,7 +51,7 @@ class DreamEnv(TextEnv):
     """One dreamt episode at a time. ``grammar``: the real env whose action grammar applies (optional)."""
 
     name = "dream"
-    source = "synthetic"
+    source: Source = "synthetic"
 
     def __init__(
         self,
@@ -148,9 +148,11 @@ class DreamEnv(TextEnv):
 class DreamEnvPool:
     """Many dream episodes advanced by one batched experience-model call per step (an ``EnvPool``)."""
 
-    source = "synthetic"
+    source: Source = "synthetic"
 
-    def __init__(self, make_env: Callable[[], DreamEnv], num_envs: int, add_to_buffer: bool = True) -> None:
+    def __init__(
+        self, make_env: Callable[[], DreamEnv], num_envs: int, add_to_buffer: bool = True, owns_buffer: bool = False
+    ) -> None:
         if num_envs < 1:
             raise ValueError(f"a dream pool needs at least one env, got num_envs={num_envs}")
         self.envs = [make_env() for _ in range(num_envs)]
@@ -158,6 +160,7 @@ class DreamEnvPool:
         self.num_envs = num_envs
         self.name = self.envs[0].name
         self.add_to_buffer = add_to_buffer
+        self.owns_buffer = owns_buffer  # close the model's replay buffer with the pool
         self.iteration = -1  # set by the trainer; tags the synthetic transitions in the buffer
         self.finished: list[Trajectory] = []  # synthetic trajectories of episodes that ended (drained by the caller)
 
@@ -198,6 +201,8 @@ class DreamEnvPool:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+        if self.owns_buffer and self.model.buffer is not None:
+            self.model.buffer.close()
 
 
 # ------------------------------------------------------------------------------------------- configuration
@@ -246,4 +251,5 @@ def open_dream(cfg: DreamConfig, env: str, env_kwargs: dict[str, Any], max_steps
         model.cfg = model.cfg.model_copy(update=overrides)
     grammar = make(env, **env_kwargs)
     initial = InitialStates.from_trajectories(offline)
-    return DreamEnvPool(lambda: DreamEnv(model, tasks, initial, grammar=grammar, max_steps=max_steps), num_envs)
+    return DreamEnvPool(lambda: DreamEnv(model, tasks, initial, grammar=grammar, max_steps=max_steps), num_envs,
+                        owns_buffer=True)

@@ -39,8 +39,10 @@ from torch import Tensor, nn
 
 from dreamgym.agent.policy import LLMPolicy, load_policy, save_policy
 from dreamgym.collect import EvalResult, summarize
+from dreamgym.curriculum import TaskGenerator, TaskSet, cluster_groups, variation_operator
 from dreamgym.eval import run_eval_episodes
-from dreamgym.rl.advantages import gae, group_advantages
+from dreamgym.experience.dream import DreamConfig, DreamEnvPool, open_dream
+from dreamgym.rl.advantages import gae, group_advantages, reward_variance
 from dreamgym.rl.critic import Critic
 from dreamgym.rl.envpool import EnvFactory, EnvPool, env_factory, make_pool
 from dreamgym.rl.losses import (
@@ -106,6 +108,8 @@ class RLConfig(BaseModel):
     save_rollouts: bool = Field(default=True, description="write each iteration's episodes to RUN/rollouts/")
     seed: int = 0
     num_threads: int | None = Field(default=2, ge=1)
+    # DreamGym: roll out in the experience model's dream instead of the real env (None: the real env)
+    dream: DreamConfig | None = None
 
     @model_validator(mode="after")
     def _check(self) -> RLConfig:
@@ -327,6 +331,8 @@ class TrainState:
 
     iteration: int = 0
     real_transitions: int = 0  # env.step calls in training rollouts: exactly the real data trained on
+    synthetic_transitions: int = 0  # dream steps in training rollouts (no real env touched)
+    synthetic_tasks: int = 0  # tasks the curriculum added
     eval_transitions: int = 0  # env.step calls in evaluations (never trained on)
     train_episodes: int = 0
     seconds: float = 0.0
@@ -408,6 +414,7 @@ def write_summary(run: Path, cfg: RLConfig, state: TrainState) -> dict[str, Any]
     summary = {
         "algo": cfg.algo, "env": cfg.env, "init": cfg.init,
         "iterations": state.iteration, "real_transitions": state.real_transitions,
+        "synthetic_transitions": state.synthetic_transitions, "synthetic_tasks": state.synthetic_tasks,
         "eval_transitions": state.eval_transitions, "train_episodes": state.train_episodes,
         "success_rate": last.get("success_rate"), "mean_reward": last.get("mean_reward"),
         "eval_episodes": last.get("episodes"), "eval_split": cfg.eval_split,
@@ -460,17 +467,34 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
     if ckpt is not None:
         console.print(f"resumed {run} at iteration {state.iteration} ({state.real_transitions} real transitions)")
 
-    pool = make_pool(make_env_factory(cfg), cfg.tasks_per_iter * cfg.group_size, cfg.env_backend)
+    # Rollouts run in `pool`: the real env, or the dream (M_exp + replay buffer, the real env only as the action
+    # grammar). Evaluation always runs in the real env.
+    num_envs = cfg.tasks_per_iter * cfg.group_size
+    eval_pool: EnvPool | None = None
+    if cfg.dream is None:
+        pool: EnvPool = make_pool(make_env_factory(cfg), num_envs, cfg.env_backend)
+        eval_pool = pool
+    else:
+        real_tasks = make_env_factory(cfg)()
+        splits = {split: real_tasks.tasks(split) for split in {cfg.train_split, cfg.eval_split}}
+        real_tasks.close()
+        pool = open_dream(cfg.dream, cfg.env, cfg.env_kwargs, cfg.max_steps, splits, num_envs)
+        if cfg.eval_episodes:
+            eval_pool = make_pool(make_env_factory(cfg), min(cfg.eval_episodes, 64), cfg.env_backend)
     train_tasks = pool.tasks(cfg.train_split)
     if not train_tasks:
         raise ValueError(f"env {cfg.env!r} has no tasks in split {cfg.train_split!r}")
+    # The task set: the env's tasks plus, in the dream, the curriculum's variations of high-variance tasks.
+    taskset = TaskSet.load(run / TASKS) if ckpt is not None and (run / TASKS).exists() else TaskSet(train_tasks)
+    generator = _task_generator(cfg, pool)
+    synthetic_share = cfg.dream.synthetic_share if cfg.dream is not None else 0.0
     writer = SummaryWriter(log_dir=str(run / "tb"), purge_step=state.iteration + 1 if ckpt else None)
     metrics_path = run / "metrics.jsonl"
     _truncate_metrics(metrics_path, state.iteration)
     started = time.monotonic() - state.seconds
     try:
-        if ckpt is None and cfg.eval_at_start and cfg.eval_episodes:
-            result = evaluate(policy, pool, cfg, state)
+        if ckpt is None and cfg.eval_at_start and eval_pool is not None:
+            result = evaluate(policy, eval_pool, cfg, state)
             console.print(f"iter 0 | eval success {result.success_rate:.3f} reward {result.mean_reward:.3f}")
         while state.iteration < cfg.iterations:
             if cfg.real_transition_budget is not None and state.real_transitions >= cfg.real_transition_budget:
@@ -480,15 +504,32 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
             it = state.iteration
 
             # 1. rollouts: G episodes of each sampled task, one batched policy call per turn
-            picked = rng.choice(len(train_tasks), size=cfg.tasks_per_iter, replace=len(train_tasks) < cfg.tasks_per_iter)
-            tasks = [train_tasks[int(i)] for i in picked]
+            tasks = taskset.sample(cfg.tasks_per_iter, random.Random(int(rng.integers(MAX_SEED))), synthetic_share)
             stats = RolloutStats()
             t0 = time.perf_counter()
+            if isinstance(pool, DreamEnvPool):
+                pool.iteration = it  # tags the synthetic transitions it writes back to the replay buffer
             episodes = collect_rollouts(pool, policy, tasks, cfg.group_size, cfg.max_steps, greedy=False,
                                         seed=int(rng.integers(MAX_SEED)), split=cfg.train_split, stats=stats)
             rollout_s = time.perf_counter() - t0
-            state.real_transitions += count_env_steps(episodes)
+            if pool.source == "real":
+                state.real_transitions += count_env_steps(episodes)
+            else:
+                state.synthetic_transitions += count_env_steps(episodes)
             state.train_episodes += len(episodes)
+
+            # 1b. curriculum: reward variance per group (GRPO: the task's group; PPO: a cluster of tasks), then
+            # variations of the high-variance tasks join the task set
+            if generator is not None:
+                returns = torch.tensor([e.env_return for e in episodes], dtype=torch.float64)
+                if cfg.algo == "grpo":
+                    variances = {str(k): v for k, v in reward_variance(returns, [e.task.task_id for e in episodes]).items()}
+                else:
+                    clusters = cluster_groups(tasks, _encoder_of(pool), max(1, len(tasks) // 4), seed=it)
+                    by_cluster = reward_variance(returns, [clusters[e.task.task_id] for e in episodes])
+                    variances = {t.task_id: by_cluster[clusters[t.task_id]] for t in tasks}
+                new_tasks = generator.step(variances, taskset, it, random.Random(int(rng.integers(MAX_SEED))))
+                state.synthetic_tasks += len(new_tasks)
             if cfg.save_rollouts:
                 write_jsonl(run / "rollouts" / f"iter_{it:05d}.jsonl", [e.to_trajectory(policy.name) for e in episodes])
 
@@ -516,12 +557,13 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
                 "success": float(np.mean([e.success for e in episodes])),
                 "episode_steps": float(np.mean([e.env_steps for e in episodes])),
                 "invalid_rate": sum(t.invalid for e in episodes for t in e.turns) / max(len(rows), 1),
+                "synthetic_transitions": state.synthetic_transitions, "tasks": len(taskset),
                 "tokens_per_s": stats.generated_tokens / max(stats.generation_s, 1e-9),
                 "generation_s": stats.generation_s, "env_s": stats.env_s,
                 "rollout_s": rollout_s, "update_s": update_s, **losses,
             }
-            if cfg.eval_episodes and ((cfg.eval_every and it % cfg.eval_every == 0) or it == cfg.iterations):
-                result = evaluate(policy, pool, cfg, state)
+            if eval_pool is not None and ((cfg.eval_every and it % cfg.eval_every == 0) or it == cfg.iterations):
+                result = evaluate(policy, eval_pool, cfg, state)
                 metrics.update({"eval_success": result.success_rate, "eval_reward": result.mean_reward})
             for k, v in metrics.items():
                 if k != "iteration":
@@ -530,16 +572,54 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
                 f.write(json.dumps(metrics) + "\n")
             console.print(_progress_line(metrics), highlight=False, soft_wrap=True)
             if it % cfg.save_every == 0 or it == cfg.iterations:
-                save_checkpoint(run, policy, optimizer, critic, critic_optimizer, rng, state)
+                _save(run, policy, optimizer, critic, critic_optimizer, rng, state, taskset, pool)
         if not state.evals or state.evals[-1]["iteration"] != state.iteration:  # budget stop: a final evaluation
-            if cfg.eval_episodes:
-                evaluate(policy, pool, cfg, state)
-            save_checkpoint(run, policy, optimizer, critic, critic_optimizer, rng, state)
+            if eval_pool is not None:
+                evaluate(policy, eval_pool, cfg, state)
+            _save(run, policy, optimizer, critic, critic_optimizer, rng, state, taskset, pool)
     finally:
         writer.close()
         pool.close()
+        if eval_pool is not None and eval_pool is not pool:
+            eval_pool.close()
     save_policy(run, model, tokenizer, policy.cfg)  # RUN is itself a policy run dir (dreamgym eval --policy RUN)
-    return write_summary(run, cfg, state)
+    summary = write_summary(run, cfg, state)
+    if isinstance(pool, DreamEnvPool):
+        summary["experience_model"] = pool.model.stats_dict()
+        (run / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+TASKS = "tasks.jsonl"
+
+
+def _save(run: Path, policy: LLMPolicy, optimizer: torch.optim.Optimizer, critic: Critic | None,
+          critic_optimizer: torch.optim.Optimizer | None, rng: np.random.Generator, state: TrainState,
+          taskset: TaskSet, pool: EnvPool) -> None:
+    """Checkpoint + the task set (+ the replay buffer's index snapshot in the dream)."""
+    taskset.save(run / TASKS)
+    if isinstance(pool, DreamEnvPool) and pool.model.buffer is not None:
+        pool.model.buffer.flush()
+    save_checkpoint(run, policy, optimizer, critic, critic_optimizer, rng, state)
+
+
+def _task_generator(cfg: RLConfig, pool: EnvPool) -> TaskGenerator | None:
+    """The curriculum's task generator (dream runs only; the real env's task set stays fixed)."""
+    if cfg.dream is None or cfg.dream.seeds_per_iter == 0:
+        return None
+    llm = pool.model.llm if isinstance(pool, DreamEnvPool) else None
+    operator = variation_operator(cfg.dream.task_generator, cfg.env, cfg.env_kwargs, llm)
+    if operator is None:
+        return None
+    return TaskGenerator(operator, cfg.dream.seeds_per_iter, cfg.dream.variations_per_seed)
+
+
+def _encoder_of(pool: EnvPool) -> Any:
+    """The semantic embedder for PPO's task clusters: the replay buffer's φ, else the hashing encoder."""
+    from dreamgym.replay import HashingEncoder
+
+    buffer = pool.model.buffer if isinstance(pool, DreamEnvPool) else None
+    return buffer.encoder if buffer is not None else HashingEncoder()
 
 
 def _truncate_metrics(path: Path, iteration: int) -> None:

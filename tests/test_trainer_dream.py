@@ -1,0 +1,86 @@
+"""DreamGym training: the same trainer rolls out in the dream (0 real transitions, evaluation in the real env),
+writes synthetic transitions back to the replay buffer, saves the curriculum's task set, and resumes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dreamgym.agent.policy import PolicyConfig, save_policy
+from dreamgym.baselines.sft import bc_examples, init_model
+from dreamgym.collect import iter_episodes
+from dreamgym.envs import make
+from dreamgym.experience.model import ExperienceConfig, save_experience_config
+from dreamgym.llm.tiny import init_tiny_model
+from dreamgym.replay import ReplayBuffer
+from dreamgym.rl.trainer import RLConfig, train
+from dreamgym.train.sft import MaskedCollator, tokenize_example
+from dreamgym.types import write_jsonl
+
+torch.set_num_threads(1)
+SHOP = {"num_products": 100}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("dream")
+    env = make("shop", **SHOP)
+    trajs = list(iter_episodes(env, env.scripted_policy("noisy", seed=0), 12, seed=0))
+    write_jsonl(root / "offline.jsonl", trajs)
+    # An (untrained) micro experience model: its outputs exercise the counted failure path of the dream.
+    init_tiny_model("micro", [root / "offline.jsonl"], root / "exp", seed=0)
+    save_experience_config(root / "exp", ExperienceConfig(max_new_tokens=16, max_resamples=0, protocol={"k": 1}))
+    policy_cfg = PolicyConfig(max_new_tokens=8, action_format="index", offer_task_search=True)
+    examples = bc_examples(trajs, policy_cfg)
+    model, tokenizer = init_model("micro", trajs, examples, vocab_size=512, seed=0)
+    # A few full-batch steps of behaviour cloning, so that the policy mostly takes valid actions (option 1,
+    # "search[<instruction>]", on the search page) and the dream's experience model gets asked.
+    rows = [r for r in (tokenize_example(tokenizer, ex, max_length=1024) for ex in examples) if r is not None]
+    batch = MaskedCollator(tokenizer.pad_token_id)(rows)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(40):
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    save_policy(root / "policy", model, tokenizer, policy_cfg)
+    return {"root": root, "offline": root / "offline.jsonl", "exp": root / "exp", "policy": root / "policy"}
+
+
+def dream_cfg(setup: dict[str, Path], **kw: object) -> RLConfig:
+    return RLConfig.model_validate({
+        "init": str(setup["policy"]), "env": "shop", "env_kwargs": SHOP, "iterations": 2, "tasks_per_iter": 2,
+        "group_size": 2, "max_steps": 3, "eval_episodes": 4, "eval_every": 0, "minibatch_size": 16,
+        "num_threads": 1, "save_every": 1,
+        "dream": {"experience_model": str(setup["exp"]), "buffer": str(setup["root"] / "buffer"),
+                  "offline_data": [str(setup["offline"])], "task_generator": "rule"},
+        **kw,
+    })
+
+
+def test_dream_training_uses_no_real_transitions_and_feeds_the_buffer(setup: dict[str, Path]) -> None:
+    run = setup["root"] / "run"
+    summary = train(dream_cfg(setup), run)
+    assert summary["real_transitions"] == 0
+    assert summary["synthetic_transitions"] > 0
+    assert summary["eval_transitions"] > 0 and summary["success_rate"] is not None  # evaluated in the real shop
+    assert summary["experience_model"]["ok"] + summary["experience_model"]["failed"] > 0
+    assert (run / "tasks.jsonl").exists() and (run / "model" / "model.safetensors").exists()
+    buffer = ReplayBuffer.open(setup["root"] / "buffer", read_only=True)
+    stats = buffer.stats()
+    assert stats.by_source.get("real", 0) > 0  # seeded with the offline data
+    assert set(stats.by_iteration) >= {-1}  # offline rows; synthetic rows carry their iteration
+    assert sum(n for it, n in stats.by_iteration.items() if it >= 1) == stats.by_source.get("synthetic", 0)
+    buffer.close()
+    rollouts = [json.loads(x) for x in (run / "rollouts" / "iter_00001.jsonl").read_text().splitlines()]
+    assert rollouts and all(t["source"] == "synthetic" for t in rollouts)
+
+
+def test_dream_run_resumes_with_its_task_set(setup: dict[str, Path]) -> None:
+    run = setup["root"] / "run2"
+    train(dream_cfg(setup, iterations=1), run)
+    summary = train(dream_cfg(setup, iterations=2), run, resume=True)
+    assert summary["iterations"] == 2 and summary["real_transitions"] == 0
+    assert len((run / "tasks.jsonl").read_text().splitlines()) >= 1
