@@ -1,0 +1,39 @@
+"""The end-to-end test: `dreamgym demo --profile micro` runs the whole pipeline on a fresh directory, writes
+Table 1 and the plot, and a rerun is served from the cached stages."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def run_demo(out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dreamgym", "demo", "--profile", "micro", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1500)
+
+
+def test_micro_demo_end_to_end_and_cached_rerun(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    r = run_demo(out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    table = json.loads((out / "table.json").read_text())
+    rows = {row["method"]: row for row in table["rows"]}
+    assert list(rows) == ["SFT", "GRPO (real)", "DreamGym", "DreamGym-S2R"]
+    for row in rows.values():
+        assert set(row) == {"method", "real_transitions", "success_rate", "mean_reward", "seconds"}
+        assert 0.0 <= row["success_rate"] <= 1.0
+    assert rows["DreamGym"]["real_transitions"] == 0  # trained in the dream only
+    assert rows["GRPO (real)"]["real_transitions"] > 0 and rows["DreamGym-S2R"]["real_transitions"] > 0
+    dream = json.loads((out / "dreamgym" / "summary.json").read_text())
+    assert dream["synthetic_transitions"] > 0 and dream["eval_transitions"] > 0
+    assert (out / "success_vs_real.png").stat().st_size > 1000
+    assert (out / "experience_model" / "experience.json").exists()
+    assert "DreamGym-S2R" in r.stdout  # the printed table
+    mtimes = {p: p.stat().st_mtime_ns for p in (out / "stages").glob("*.json")}
+    again = run_demo(out)
+    assert again.returncode == 0
+    assert again.stderr.count("cached") == 7  # every stage served from its marker: nothing is retrained
+    assert {p: p.stat().st_mtime_ns for p in (out / "stages").glob("*.json")} == mtimes
+    assert json.loads((out / "table.json").read_text())["rows"] == table["rows"]
