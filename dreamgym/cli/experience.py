@@ -1,12 +1,14 @@
-"""CLI: ``dreamgym annotate`` (reasoning traces for the experience model's training data)."""
+"""CLI: ``dreamgym annotate`` (reasoning traces), ``dreamgym train-exp`` (SFT of the experience model) and
+``dreamgym eval-exp`` (its fidelity report on held-out real transitions)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -137,5 +139,147 @@ def annotate(
         )
 
 
+def _load_yaml_mapping(path: Path | None, what: str) -> dict[str, Any]:
+    import yaml
+
+    if path is None:
+        return {}
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such {what} file")
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: a {what} must be a mapping of fields")
+    return loaded
+
+
+def train_exp(
+    data: list[Path] = typer.Option(..., "--data", help="annotated trajectory file (.jsonl/.parquet); repeat"),
+    out: Path = typer.Option(..., "--out", help="model directory (model, tokenizer, experience.json, summary.json)"),
+    model: str | None = typer.Option(None, help="micro | small | base | <hidden>x<layers> (fresh) or HF path"),
+    config: Path | None = typer.Option(None, help="YAML of ExpTrainConfig fields (e.g. configs/exp-shop-tiny.yaml)"),
+    buffer: Path | None = typer.Option(None, help="replay buffer for the neighbours (default OUT/buffer)"),
+    encoder: str | None = typer.Option(None, help="buffer encoder: hashing | minilm"),
+    k: int | None = typer.Option(None, min=0, help="retrieved neighbours per prompt (0: without replay)"),
+    history: int | None = typer.Option(None, min=0, help="previous steps in the prompt (0: without history)"),
+    no_reasoning: bool = typer.Option(False, "--no-reasoning", help="no <think> trace in the target"),
+    epochs: float | None = typer.Option(None, help="SFT epochs"),
+    lr: float | None = typer.Option(None, help="learning rate"),
+    batch_size: int | None = typer.Option(None, min=1, help="examples per step"),
+    time_budget: float | None = typer.Option(None, help="stop training after this many seconds"),
+    max_length: int | None = typer.Option(None, min=16, help="tokens per example (prompt cut from the left)"),
+    threads: int | None = typer.Option(None, min=1, help="torch CPU threads"),
+    snapshot_every: float | None = typer.Option(None, help="keep a loadable snapshot every this many seconds"),
+    seed: int | None = typer.Option(None, help="seed (shuffle, mixture, initialisation)"),
+) -> None:
+    """Train the experience model M_exp (SFT, loss on reasoning + next state + reward/done tokens only).
+
+    Precedence: ExpTrainConfig defaults < --config < flags. Prints the training summary as JSON.
+    """
+    from dreamgym.experience.train import ExpTrainConfig, train_experience_model
+
+    fields = _load_yaml_mapping(config, "train-exp config")
+    protocol, sft = dict(fields.get("protocol") or {}), dict(fields.get("sft") or {})
+    protocol_flags = {"k": k, "history_window": history, "reasoning": False if no_reasoning else None}
+    sft_flags = {"epochs": epochs, "learning_rate": lr, "batch_size": batch_size, "time_budget_s": time_budget,
+                 "max_length": max_length, "num_threads": threads}
+    protocol.update({key: v for key, v in protocol_flags.items() if v is not None})
+    sft.update({key: v for key, v in sft_flags.items() if v is not None})
+    top = {"model": model, "encoder": encoder, "snapshot_every_s": snapshot_every, "seed": seed}
+    fields.update({key: v for key, v in top.items() if v is not None}, protocol=protocol, sft=sft)
+    try:
+        cfg = ExpTrainConfig.model_validate(fields)
+        protocol_cfg, sft_cfg = cfg.protocol_config(), cfg.sft_config()
+    except (ValidationError, TypeError) as e:
+        raise ValueError(f"train-exp config: {_first_error(e)}") from None
+    console.print(f"train-exp config: {cfg.model_dump_json()}", highlight=False, soft_wrap=True)
+    summary = train_experience_model(
+        data, cfg.model, out, protocol_cfg, sft_cfg, buffer_dir=buffer, encoder=cfg.encoder, chat=cfg.chat,
+        vocab_size=cfg.vocab_size, mixture=cfg.mixture, snapshot_every_s=cfg.snapshot_every_s, seed=cfg.seed,
+    )
+    print(json.dumps(summary))
+
+
+def _first_error(e: Exception) -> str:
+    if isinstance(e, ValidationError):
+        err = e.errors()[0]
+        return f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}"
+    return str(e).splitlines()[0]
+
+
+REPORT_KEYS = (
+    "transitions", "reward_accuracy", "terminal_reward_accuracy", "terminal_reward_majority_baseline", "reward_mae",
+    "done_accuracy", "invalid_output_rate", "next_state_f1", "click_consistency", "option_consistency",
+    "reward_consistency", "epsilon_p", "lemma1_bound",
+)
+
+
+def eval_exp(
+    model: Path = typer.Option(..., "--model", help="experience-model directory (from train-exp)"),
+    data: list[Path] = typer.Option(..., "--data", help="held-out real trajectory file; repeat"),
+    buffer: Path | None = typer.Option(None, help="replay buffer for the neighbours (default MODEL/buffer if k > 0)"),
+    max_transitions: int | None = typer.Option(None, min=1, help="evaluate whole trajectories up to this many steps"),
+    show: int = typer.Option(0, min=0, help="print real vs dreamt next state for this many sampled steps"),
+    batch_size: int = typer.Option(64, min=1, help="steps per batched model call"),
+    seed: int = typer.Option(0, help="seed (trajectory order, sampling)"),
+    gamma: float = typer.Option(0.99, help="discount for the Lemma 1 bound"),
+    horizon: int = typer.Option(15, min=1, help="episode length for the finite-horizon bound"),
+    threads: int | None = typer.Option(None, min=1, help="torch CPU threads"),
+    judge_model: str | None = typer.Option(None, help="LLM judge (HF dir or served name): adds the 4 rubrics"),
+    judge_backend: str = typer.Option("hf", help="judge backend: hf | openai"),
+    judge_base_url: str | None = typer.Option(None, help="openai judge URL, e.g. http://127.0.0.1:8000/v1"),
+    judge_n: int = typer.Option(100, min=1, help="transitions the judge scores"),
+    report_out: Path | None = typer.Option(None, "--report-out", help="also write the full JSON report here"),
+    as_json: bool = typer.Option(False, "--json", help="print the full report as one JSON object"),
+) -> None:
+    """Fidelity of an experience model on held-out real transitions (teacher-forced): reward/done accuracy,
+    next-state F1 by page, ε_R, ε_P, the Lemma 1 bound, the env's consistency checks, optional LLM judge."""
+    from dreamgym.experience.fidelity import evaluate_experience_model, format_side_by_side
+    from dreamgym.experience.model import ExperienceModel
+    from dreamgym.experience.train import read_training_data
+
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    if not (model / "config.json").is_file():
+        raise FileNotFoundError(f"{model}: not a model directory (no config.json)")
+    heldout = read_training_data(data)
+    exp = ExperienceModel.load(model)
+    buffer_dir = buffer if buffer is not None else (model / "buffer" if (model / "buffer").is_dir() else None)
+    if exp.protocol.k > 0 and buffer_dir is not None:
+        from dreamgym.replay import ReplayBuffer
+
+        if not buffer_dir.is_dir():
+            raise FileNotFoundError(f"{buffer_dir}: no such replay buffer")
+        exp.buffer = ReplayBuffer.open(buffer_dir, create=False, read_only=True)
+    elif exp.protocol.k > 0:
+        console.print("[yellow]warning:[/yellow] the model was trained with k > 0 but no buffer was found: "
+                      "prompts get no neighbours", highlight=False)
+    judge = None
+    if judge_model is not None:
+        from dreamgym.llm.base import LLMConfig, load_llm
+
+        judge = load_llm(LLMConfig.model_validate({"backend": judge_backend, "model": judge_model,
+                                                   "base_url": judge_base_url}))
+    report = evaluate_experience_model(exp, heldout, max_transitions, seed, batch_size, show, gamma, horizon,
+                                       judge=judge, judge_n=judge_n)
+    if report_out is not None:
+        report_out.parent.mkdir(parents=True, exist_ok=True)
+        report_out.write_text(json.dumps(report, indent=2))
+    if as_json:
+        print(json.dumps(report))
+        return
+    lines = [format_side_by_side(report["side_by_side"]), ""] if show else []
+    lines += [f"{key:36s} {report.get(key)}" for key in REPORT_KEYS]
+    lines.append(f"{'next_state_f1_by_page':36s} {json.dumps(report['next_state_f1_by_page'])}")
+    lines.append(f"{'seconds / steps_per_s':36s} {report['seconds']} / {report['steps_per_s']}")
+    typer.echo("\n".join(lines))
+
+
 def register(app: typer.Typer) -> None:
     app.command("annotate")(annotate)
+    app.command("train-exp")(train_exp)
+    app.command("eval-exp")(eval_exp)

@@ -1,0 +1,228 @@
+"""Automatic causal-consistency checks of dreamt shop transitions, judged by code against the shop's rules.
+
+Each check looks at one step (the real state and action, the task goal) and the experience model's answer
+(dreamt next state and reward), and says whether the answer is what the shop's rules imply *given what the
+dreamt text itself claims*; a step the check does not apply to gets None.
+
+* :func:`click_check`: a click on a result link must open that product's item page: the dreamt state has the
+  text lines ``<ASIN> — <title>`` and ``Price: $<price>`` exactly as the clicked link
+  ``<ASIN> — <title> | $<price>`` shows them in the current state.
+* :func:`option_check`: a click on an option of an item page keeps the product (its id/title and price lines)
+  and marks the clicked ``name=value (selected)``.
+* :func:`reward_check`: buying from an item page must end on a done page (``You bought <ASIN> (<options>)``),
+  and the dreamt reward must equal :func:`~dreamgym.envs.shop.reward.purchase_reward` of the task goal for
+  the product and options *that done page names* (rounded to the 2 decimals the protocol writes). The product's
+  category, attributes and price come from the catalog, looked up by the dreamt id: the item page shows only
+  two attributes, and a dreamt id the catalog does not have is a hallucinated product (inconsistent).
+  Every other step must have reward 0 (:func:`zero_reward_check`): the shop rewards purchases only.
+
+:func:`consistency_report` aggregates them over many steps (rates and counted failure reasons);
+:func:`check_steps` runs them on held-out trajectories (goal from the task, catalog rebuilt from the
+trajectory's ``meta["env_kwargs"]``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dreamgym.envs.base import make
+from dreamgym.envs.shop.catalog import Catalog
+from dreamgym.envs.shop.env import ShopEnv, parse_action
+from dreamgym.envs.shop.reward import ShopGoal, purchase_reward
+from dreamgym.experience.protocol import ExperiencePrediction
+from dreamgym.types import DataError, Trajectory
+
+_ELEMENT = re.compile(r"^\[(\d+)\] (\w+): (.*)$")
+_BOUGHT = re.compile(r"You bought (\S+) \((.*)\)\s*$")
+_OPTION = re.compile(r"^(.+?)=(.+?)( \(selected\))?$")
+REWARD_TOL = 0.005 + 1e-9  # the protocol writes rewards with 2 decimals
+
+
+@dataclass(frozen=True)
+class Check:
+    """The verdict of one check on one step; ``reason`` names what was wrong (empty when ``ok``)."""
+
+    ok: bool
+    reason: str = ""
+
+
+def elements(state: str) -> list[tuple[str, str]]:
+    """The ``(type, text)`` of each ``[id] type: text`` line of an abstract state."""
+    out = []
+    for line in state.splitlines():
+        match = _ELEMENT.match(line.strip())
+        if match is not None:
+            out.append((match.group(2), match.group(3)))
+    return out
+
+
+def _texts(state: str) -> list[str]:
+    return [text for kind, text in elements(state) if kind == "text"]
+
+
+def _is_item_page(state: str) -> bool:
+    return any(kind == "button" and text == "Buy Now" for kind, text in elements(state))
+
+
+def clicked_link(state: str, action: str) -> tuple[str, str] | None:
+    """``(header, price line)`` an item page must show after ``action`` clicks a result link of ``state``."""
+    parsed = parse_action(action)
+    if parsed is None or parsed[0] != "click":
+        return None
+    for kind, text in elements(state):
+        if kind != "link" or " | " not in text:
+            continue
+        header, _, price = text.rpartition(" | ")
+        if header.split(" — ", 1)[0].lower() == parsed[1]:
+            return header, f"Price: {price}"
+    return None
+
+
+def click_check(state: str, action: str, dreamt: str) -> Check | None:
+    """Whether the dreamt page after clicking a result link is that product's item page (None: no such click)."""
+    expected = clicked_link(state, action)
+    if expected is None:
+        return None
+    header, price = expected
+    texts = _texts(dreamt)
+    if not texts or texts[0].split(" — ", 1)[0] != header.split(" — ", 1)[0]:
+        return Check(False, "wrong_product")
+    if texts[0] != header:
+        return Check(False, "wrong_title")
+    if price not in texts:
+        return Check(False, "wrong_price")
+    return Check(True)
+
+
+def option_check(state: str, action: str, dreamt: str) -> Check | None:
+    """Whether the dreamt page after an option click is the same product with that option selected."""
+    parsed = parse_action(action)
+    if parsed is None or parsed[0] != "click" or not _is_item_page(state):
+        return None
+    options = [_OPTION.match(text) for kind, text in elements(state) if kind == "option"]
+    clicked = next((m for m in options if m is not None and m.group(2).lower() == parsed[1]), None)
+    if clicked is None:
+        return None
+    before, after = _texts(state), _texts(dreamt)
+    if after[:2] != before[:2]:
+        return Check(False, "wrong_product")
+    selected = f"{clicked.group(1)}={clicked.group(2)} (selected)"
+    if not any(kind == "option" and text == selected for kind, text in elements(dreamt)):
+        return Check(False, "option_not_selected")
+    return Check(True)
+
+
+def bought(dreamt: str) -> tuple[str, dict[str, str]] | None:
+    """``(ASIN, {option: value})`` named by a done page (``You bought B0X (color=red, size=m)``), else None."""
+    for text in _texts(dreamt):
+        match = _BOUGHT.search(text)
+        if match is None:
+            continue
+        chosen = match.group(2)
+        if chosen == "no options":
+            return match.group(1), {}
+        pairs = [p.split("=", 1) for p in re.split(r", (?=[^,=]+=)", chosen)]
+        if any(len(p) != 2 for p in pairs):
+            return None
+        return match.group(1), {name: value for name, value in pairs}
+    return None
+
+
+def is_purchase(state: str, action: str) -> bool:
+    """Whether ``action`` clicks Buy Now on an item page (the only step the shop rewards)."""
+    return _is_item_page(state) and parse_action(action) == ("click", "buy now")
+
+
+def reward_check(goal: ShopGoal, catalog: Catalog, dreamt: str, reward: float) -> Check:
+    """Whether the dreamt reward of a purchase is the shop's reward for the purchase the dreamt page names."""
+    purchase = bought(dreamt)
+    if purchase is None:
+        return Check(False, "no_purchase_page")
+    asin, selected = purchase
+    try:
+        product = catalog.get(asin)
+    except KeyError:
+        return Check(False, "unknown_product")
+    expected = round(purchase_reward(goal, product, selected).total, 2)
+    return Check(True) if abs(reward - expected) <= REWARD_TOL else Check(False, "reward_differs")
+
+
+def zero_reward_check(reward: float) -> Check:
+    return Check(True) if reward == 0.0 else Check(False, "reward_without_purchase")
+
+
+@dataclass(frozen=True)
+class ShopStep:
+    """One held-out step and the model's answer to it, as the checks need it."""
+
+    goal: ShopGoal
+    catalog: Catalog
+    state: str
+    action: str
+    dreamt_state: str
+    dreamt_reward: float
+
+
+def _rate(checks: Sequence[Check]) -> dict[str, Any]:
+    failures = Counter(c.reason for c in checks if not c.ok)
+    return {
+        "rate": sum(c.ok for c in checks) / len(checks) if checks else None,
+        "n": len(checks),
+        "failures": dict(sorted(failures.items())),
+    }
+
+
+def consistency_report(steps: Sequence[ShopStep]) -> dict[str, Any]:
+    """Rates (None where no step applies), counts and failure reasons of the four checks over ``steps``."""
+    clicks, options, rewards, zeros = [], [], [], []
+    for s in steps:
+        if (c := click_check(s.state, s.action, s.dreamt_state)) is not None:
+            clicks.append(c)
+        if (o := option_check(s.state, s.action, s.dreamt_state)) is not None:
+            options.append(o)
+        if is_purchase(s.state, s.action):
+            rewards.append(reward_check(s.goal, s.catalog, s.dreamt_state, s.dreamt_reward))
+        else:
+            zeros.append(zero_reward_check(s.dreamt_reward))
+    parts = {"click": _rate(clicks), "option": _rate(options), "reward": _rate(rewards), "zero_reward": _rate(zeros)}
+    return {
+        "click_consistency": parts["click"]["rate"],
+        "option_consistency": parts["option"]["rate"],
+        "reward_consistency": parts["reward"]["rate"],
+        "zero_reward_consistency": parts["zero_reward"]["rate"],
+        "consistency_checks": parts,
+    }
+
+
+@functools.lru_cache(maxsize=4)
+def _catalog(kwargs_json: str) -> Catalog:
+    env = make("shop", **json.loads(kwargs_json))
+    assert isinstance(env, ShopEnv)
+    return env.catalog
+
+
+def catalog_of(traj: Trajectory) -> Catalog:
+    """The catalog of the shop a trajectory was recorded in (rebuilt from ``meta["env_kwargs"]``)."""
+    kwargs = traj.meta.get("env_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise DataError(f"trajectory {traj.traj_id}: meta.env_kwargs must be an object, got {kwargs!r}")
+    try:
+        return _catalog(json.dumps(kwargs, sort_keys=True))
+    except TypeError as e:
+        raise DataError(f"trajectory {traj.traj_id}: cannot rebuild the shop from {kwargs}: {e}") from None
+
+
+def check_steps(items: Sequence[tuple[Trajectory, int, ExperiencePrediction]]) -> dict[str, Any]:
+    """:func:`consistency_report` for ``(held-out trajectory, step, dreamt answer)`` triples of the shop."""
+    steps = []
+    for traj, t, prediction in items:
+        x = traj.transitions[t]
+        goal = ShopGoal.from_dict(traj.task.goal, traj.task.task_id)
+        steps.append(ShopStep(goal, catalog_of(traj), x.state, x.action, prediction.next_state, prediction.reward))
+    return consistency_report(steps)

@@ -1,0 +1,392 @@
+"""SFT of the experience model M_exp with the paper's joint loss (reasoning + next state + reward/done tokens).
+
+One training example per real transition (:func:`exp_examples`): the prompt is the protocol's context (task,
+history window, the top-k neighbours retrieved from a buffer built on the training data but never from the
+transition's own trajectory, state, action) and the target is ``<think>R*_t</think>`` + next state + reward +
+done/success (:func:`~dreamgym.experience.protocol.step_target`). :func:`~dreamgym.train.sft.train_sft` puts the
+loss on the target tokens only, so
+
+    L = −log P(R*_t | s_t, a_t, H_t, D_k) − log P(s_{t+1}, r_{t+1}, done | s_t, a_t, R*_t, H_t, D_k).
+
+:func:`train_experience_model` trains either a fresh tiny model (a preset of :mod:`dreamgym.llm.tiny`, with a
+tokenizer trained on this data where every protocol tag is one token) or any Hugging Face checkpoint (LoRA
+through ``SFTConfig.lora`` for big ones): the same code trains the CPU default and a 7B model.
+
+Learning curves: with ``snapshot_every_s`` the run is cut into segments of that many seconds (each resumes
+the previous one's checkpoint, so optimiser and schedule continue) and the model after each segment is kept
+under ``out_dir/snapshots/<seconds>s``, a loadable experience-model directory for ``dreamgym eval-exp``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import re
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dreamgym.experience.annotate import REASONING_KEY, env_of
+from dreamgym.experience.model import CONFIG_FILE, ExperienceConfig, neighbours_of, save_experience_config
+from dreamgym.experience.protocol import (
+    TAG_TEXTS,
+    ExperienceQuery,
+    ProtocolConfig,
+    build_messages,
+    build_prompt_text,
+    step_target,
+)
+from dreamgym.train.sft import SFTConfig, SFTExample, encode_prompt, train_sft
+from dreamgym.types import DataError, Trajectory, read_trajectories
+
+if TYPE_CHECKING:
+    from dreamgym.llm.tiny import TinyPreset
+
+log = logging.getLogger(__name__)
+
+SUMMARY_FILE = "summary.json"
+RETRIEVAL_BATCH = 1024  # queries per encoder call + index search when building the neighbours
+# Files of a saved model directory copied into a snapshot (whatever of them exists).
+MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+               "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", CONFIG_FILE)
+
+
+# ------------------------------------------------------------------------------------------ examples
+
+
+def require_reasoning(trajs: Sequence[Trajectory]) -> None:
+    """Raise :class:`DataError` naming the first trajectory with a step that has no reasoning trace."""
+    for traj in trajs:
+        for t, x in enumerate(traj.transitions):
+            if not isinstance(x.info.get(REASONING_KEY), str):
+                raise DataError(
+                    f"trajectory {traj.traj_id} step {t} has no info.{REASONING_KEY}: annotate the data first "
+                    "(dreamgym annotate --annotator rule) or train without reasoning (--no-reasoning)"
+                )
+
+
+def exp_queries(
+    trajs: Sequence[Trajectory], cfg: ProtocolConfig, buffer: Any | None = None
+) -> Iterator[tuple[Trajectory, int, ExperienceQuery]]:
+    """``(trajectory, t, query)`` for every transition, with neighbours from ``buffer`` when ``cfg.k > 0``.
+
+    Neighbours are retrieved for (s_t, a_t) among transitions of the same env, excluding the trajectory's own
+    (a transition must not see itself, nor its episode's future, as an example).
+    """
+    steps = [(traj, t) for traj in trajs for t in range(len(traj.transitions))]
+    for start in range(0, len(steps), RETRIEVAL_BATCH):
+        chunk = steps[start : start + RETRIEVAL_BATCH]
+        queries = [ExperienceQuery.at_step(traj, t) for traj, t in chunk]
+        if buffer is not None and cfg.k > 0 and len(buffer) > 0:
+            by_env: dict[str, list[int]] = {}
+            for i, (traj, _) in enumerate(chunk):
+                by_env.setdefault(env_of(traj), []).append(i)
+            for env, rows in by_env.items():
+                hits = buffer.retrieve_batch(
+                    [(queries[i].state, queries[i].action) for i in rows],
+                    cfg.k,
+                    env=env,
+                    exclude_traj=[chunk[i][0].traj_id for i in rows],
+                )
+                for i, h in zip(rows, hits, strict=True):
+                    queries[i] = replace(queries[i], retrieved=neighbours_of(h))
+        for (traj, t), query in zip(chunk, queries, strict=True):
+            yield traj, t, query
+
+
+def exp_examples(
+    trajs: Sequence[Trajectory], protocol_cfg: ProtocolConfig, buffer: Any | None = None, chat: bool = True
+) -> list[SFTExample]:
+    """One SFT example per real transition: the protocol prompt and the target M_exp must write.
+
+    With ``protocol_cfg.reasoning`` every step needs ``info["reasoning"]`` (a :class:`DataError` names the first
+    trajectory without it). ``buffer`` (a :class:`~dreamgym.replay.ReplayBuffer`) supplies the top-k neighbours.
+    """
+    if protocol_cfg.reasoning:
+        require_reasoning(trajs)
+    examples = []
+    for traj, t, query in exp_queries(trajs, protocol_cfg, buffer):
+        reasoning = traj.transitions[t].info.get(REASONING_KEY) if protocol_cfg.reasoning else None
+        prompt = build_messages(query, protocol_cfg) if chat else build_prompt_text(query, protocol_cfg)
+        try:
+            target = step_target(traj, t, reasoning, protocol_cfg)
+        except ValueError as e:
+            raise DataError(f"trajectory {traj.traj_id} step {t}: {e}") from None
+        examples.append(SFTExample(prompt, target))
+    return examples
+
+
+def read_training_data(paths: Sequence[str | os.PathLike[str]]) -> list[Trajectory]:
+    """All trajectories with at least one transition from ``paths`` (a file that has none is an error)."""
+    trajs: list[Trajectory] = []
+    for path in paths:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{path}: no such trajectory file")
+        got = [t for t in read_trajectories(path) if t.transitions]
+        if not got:
+            raise DataError(f"{path}: no trajectory with transitions")
+        trajs += got
+    return trajs
+
+
+def mix(
+    examples: Sequence[SFTExample], kinds: Sequence[str], weights: dict[str, float], seed: int = 0
+) -> list[SFTExample]:
+    """Resample ``examples`` by kind: weight w keeps floor(w) copies plus one more with probability w − floor(w)
+    (kinds not in ``weights`` keep 1). Spends the training budget where it teaches most (see the README)."""
+    if any(w < 0 for w in weights.values()):
+        raise ValueError(f"mixture weights must be >= 0, got {weights}")
+    rng = random.Random(seed)
+    out: list[SFTExample] = []
+    for ex, kind in zip(examples, kinds, strict=True):
+        w = weights.get(kind, 1.0)
+        out += [ex] * (int(w) + (rng.random() < w - int(w)))
+    if not out:
+        raise ValueError(f"the mixture {weights} leaves no training example")
+    return out
+
+
+def step_kinds(trajs: Sequence[Trajectory]) -> list[str]:
+    """The kind of each transition (in :func:`exp_examples` order): the page type of its real next state."""
+    from dreamgym.experience.metrics import page_type
+
+    return [page_type(x.next_state) for traj in trajs for x in traj.transitions]
+
+
+# ------------------------------------------------------------------------------------------ model
+
+
+def tokenizer_corpus(trajs: Sequence[Trajectory], examples: Sequence[SFTExample]) -> Iterator[str]:
+    """Text a fresh tokenizer is trained on: instructions, states, actions, reasoning, and the prompt scaffold."""
+    for traj in trajs:
+        yield traj.task.instruction
+        for x in traj.transitions:
+            yield x.state
+            yield x.action
+            yield x.next_state
+            if isinstance(x.info.get(REASONING_KEY), str):
+                yield x.info[REASONING_KEY]
+    for ex in examples[:200]:  # section headers, the system text, the target scaffold
+        yield ex.prompt if isinstance(ex.prompt, str) else "\n".join(m["content"] for m in ex.prompt)
+        yield ex.target
+
+
+# Pre-tokenization for copying: every digit is its own token (a price is copied and compared digit by digit,
+# the same way wherever it appears) and so is every letter of an identifier that contains a digit (a product
+# id "B0QH9VSU" and the click "b0qh9vsu" become the same letters in two cases, which a small model can match;
+# BPE would cut them into unrelated pieces). Lookbehind must be fixed-width, hence one alternative per length.
+_ID_LETTER_AFTER_DIGIT = "|".join(f"(?<=[0-9][A-Za-z]{{{i}}})[A-Za-z]" for i in range(12))
+COPY_FRIENDLY_SPLIT = rf"[0-9]|[A-Za-z](?=[A-Za-z0-9]*[0-9])|{_ID_LETTER_AFTER_DIGIT}"
+
+
+def copy_friendly(tokenizer: Any) -> Any:
+    """Put :data:`COPY_FRIENDLY_SPLIT` in front of the byte-level pre-tokenizer of a tiny BPE tokenizer.
+
+    Applied after BPE training (``tiny.build_tokenizer`` has no pre-tokenizer option): merges across the new
+    boundaries are simply never used, so nothing is lost but a few unused vocabulary entries.
+    """
+    from tokenizers import Regex, pre_tokenizers
+
+    backend = tokenizer.backend_tokenizer
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(COPY_FRIENDLY_SPLIT), "isolated"), backend.pre_tokenizer]
+    )
+    return tokenizer
+
+
+def fresh_tiny_model(
+    preset: str | TinyPreset, trajs: Sequence[Trajectory], examples: Sequence[SFTExample], vocab_size: int | None,
+    seed: int,
+) -> tuple[Any, Any]:
+    """A tokenizer trained on the data (protocol tags as single tokens, :func:`copy_friendly` splits) and a
+    randomly initialised tiny Llama of ``preset``."""
+    from dreamgym.llm.tiny import PRESETS, build_model, build_tokenizer
+
+    shape = PRESETS[preset] if isinstance(preset, str) else preset
+    tokenizer = build_tokenizer(tokenizer_corpus(trajs, examples), vocab_size or shape.vocab_size)
+    tokenizer.add_tokens([t for t in TAG_TEXTS if t not in tokenizer.get_vocab()])
+    copy_friendly(tokenizer)
+    return build_model(shape, tokenizer, seed=seed), tokenizer
+
+
+def tiny_shape(spec: str) -> TinyPreset | None:
+    """A tiny-model shape: a preset name (``micro``/``small``/``base``) or ``<hidden>x<layers>`` (e.g. ``128x4``:
+    heads of 32 dimensions, MLP 4x hidden, vocabulary 2048); None when ``spec`` is neither (a model path)."""
+    from dreamgym.llm.tiny import PRESETS, TinyPreset
+
+    if spec in PRESETS:
+        return PRESETS[spec]
+    match = re.fullmatch(r"(\d+)x(\d+)", spec)
+    if match is None:
+        return None
+    hidden, layers = int(match.group(1)), int(match.group(2))
+    if hidden % 32 or layers < 1:
+        raise ValueError(f"tiny shape {spec!r}: hidden must be a multiple of 32 and layers >= 1")
+    return TinyPreset(hidden, layers, hidden // 32, 4 * hidden, vocab_size=2048, max_position_embeddings=1024)
+
+
+def load_pretrained(path: str) -> tuple[Any, Any]:
+    """A Hugging Face causal LM and its tokenizer (local directory or hub name)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return AutoModelForCausalLM.from_pretrained(path), tokenizer
+
+
+def target_token_limit(tokenizer: Any, examples: Sequence[SFTExample], margin: float = 1.25) -> int:
+    """``max_new_tokens`` for inference: the longest training target (in tokens) with a margin."""
+    longest = max(len(tokenizer(ex.target, add_special_tokens=False).input_ids) for ex in examples)
+    return max(16, math.ceil(longest * margin) + 1)
+
+
+# ------------------------------------------------------------------------------------------ training
+
+
+def _snapshot(out_dir: Path, seconds: float) -> Path:
+    """Copy the model directory's files into ``out_dir/snapshots/<seconds>s``."""
+    dest = out_dir / "snapshots" / f"{round(seconds):05d}s"
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in MODEL_FILES:
+        if (out_dir / name).exists():
+            shutil.copy2(out_dir / name, dest / name)
+    return dest
+
+
+def train_experience_model(
+    data_paths: Sequence[str | os.PathLike[str]],
+    model: str,
+    out_dir: str | os.PathLike[str],
+    protocol_cfg: ProtocolConfig,
+    sft_cfg: SFTConfig,
+    buffer_dir: str | os.PathLike[str] | None = None,
+    encoder: Literal["hashing", "minilm"] | str = "hashing",
+    chat: bool = True,
+    vocab_size: int | None = None,
+    mixture: dict[str, float] | None = None,
+    snapshot_every_s: float | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Train M_exp on annotated real trajectories; save model, tokenizer, ``experience.json``, ``summary.json``.
+
+    ``model``: a tiny shape (:func:`tiny_shape`: ``micro``/``small``/``base`` or ``<hidden>x<layers>``) for a
+    fresh model, else a path / hub name of a Hugging Face checkpoint. With ``protocol_cfg.k > 0`` the training
+    trajectories are added to the replay buffer at ``buffer_dir`` (default ``out_dir/buffer``), which serves
+    the neighbours. ``mixture`` resamples the examples by the page type of their next state (:func:`mix`).
+    Returns the summary (examples, tokens, epochs, seconds, loss, and the snapshots taken).
+    """
+    out = Path(out_dir)
+    trajs = read_training_data(data_paths)
+    if protocol_cfg.reasoning:
+        require_reasoning(trajs)  # before a buffer or a tokenizer is built
+    shape = tiny_shape(model)
+    t0 = time.monotonic()
+    buffer = None
+    if protocol_cfg.k > 0:
+        from dreamgym.replay import ReplayBuffer
+        from dreamgym.replay.encoder import make_encoder
+
+        buffer = ReplayBuffer.open(Path(buffer_dir) if buffer_dir else out / "buffer", make_encoder(encoder))
+        buffer.add_trajectories(trajs)
+    try:
+        examples = exp_examples(trajs, protocol_cfg, buffer, chat=chat)
+    finally:
+        if buffer is not None:
+            buffer.close()
+    transitions = len(examples)
+    if mixture:
+        examples = mix(examples, step_kinds(trajs), mixture, seed)
+    random.Random(seed).shuffle(examples)
+    prep_s = time.monotonic() - t0
+    if shape is not None:
+        lm, tokenizer = fresh_tiny_model(shape, trajs, examples, vocab_size, seed)
+    else:
+        lm, tokenizer = load_pretrained(model)
+    prompt_tokens = sum(len(encode_prompt(tokenizer, ex.prompt)) for ex in examples)
+    target_tokens = sum(len(tokenizer(ex.target, add_special_tokens=False).input_ids) for ex in examples)
+    exp_cfg = ExperienceConfig.from_protocol(protocol_cfg, chat=chat,
+                                             max_new_tokens=target_token_limit(tokenizer, examples))
+    n_params = sum(p.numel() for p in lm.parameters())
+    log.info("M_exp: %d examples (%d transitions), %.1f prompt + %.1f target tokens each, %.2fM params",
+             len(examples), transitions, prompt_tokens / len(examples), target_tokens / len(examples), n_params / 1e6)
+
+    snapshots: list[dict[str, Any]] = []
+    runs: list[dict[str, Any]] = []
+    for budget in _segments(sft_cfg, snapshot_every_s):
+        runs.append(train_sft(lm, tokenizer, examples, out, sft_cfg.model_copy(update={"time_budget_s": budget})))
+        save_experience_config(out, exp_cfg)
+        if snapshot_every_s:
+            train_s = sum(r["seconds"] for r in runs)
+            snapshots.append({"seconds": round(train_s, 1), "epochs": runs[-1]["epochs"],
+                              "train_loss": runs[-1]["train_loss"], "dir": str(_snapshot(out, train_s))})
+        if runs[-1]["epochs"] >= sft_cfg.epochs - 1e-6 or 0 < sft_cfg.max_steps <= runs[-1]["steps"]:
+            break  # the schedule ended before the time budget did
+    last = runs[-1]
+    summary = {
+        "model": model,
+        "params": n_params,
+        "trajectories": len(trajs),
+        "transitions": transitions,
+        "examples": last["examples"],
+        "dropped_examples": last["dropped_examples"],
+        "prompt_tokens": prompt_tokens,
+        "target_tokens": target_tokens,
+        "steps": last["steps"],
+        "epochs": last["epochs"],
+        "train_loss": last["train_loss"],
+        "seconds": round(sum(r["seconds"] for r in runs), 1),
+        "prep_seconds": round(prep_s, 1),
+        "protocol": asdict(protocol_cfg),
+        "sft": sft_cfg.model_dump(),
+        "chat": chat,
+        "encoder": encoder if protocol_cfg.k > 0 else None,
+        "mixture": mixture,
+        "max_new_tokens": exp_cfg.max_new_tokens,
+        "snapshots": snapshots,
+        "data": [str(p) for p in data_paths],
+    }
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+class ExpTrainConfig(BaseModel):
+    """Everything ``dreamgym train-exp`` needs besides the data and the output (a YAML file of these fields)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str = Field(default="small", description="tiny shape (micro|small|base|<hidden>x<layers>) or HF path")
+    protocol: dict[str, Any] = Field(default_factory=dict, description="ProtocolConfig fields")
+    sft: dict[str, Any] = Field(default_factory=dict, description="SFTConfig fields")
+    mixture: dict[str, float] | None = Field(default=None, description="examples per transition by page type")
+    encoder: str = "hashing"
+    chat: bool = True
+    vocab_size: int | None = None
+    snapshot_every_s: float | None = None
+    seed: int = 0
+
+    def protocol_config(self) -> ProtocolConfig:
+        return ProtocolConfig(**self.protocol)
+
+    def sft_config(self) -> SFTConfig:
+        return SFTConfig(**self.sft)
+
+
+def _segments(cfg: SFTConfig, every_s: float | None) -> list[float | None]:
+    """Time budgets of the training calls: one call, or ``every_s`` slices of ``cfg.time_budget_s``."""
+    if not every_s:
+        return [cfg.time_budget_s]
+    if every_s <= 0:
+        raise ValueError(f"snapshot_every_s must be > 0, got {every_s}")
+    if cfg.time_budget_s is None:
+        raise ValueError("snapshots need a time budget (--time-budget) to cut it into segments")
+    n = max(1, math.ceil(cfg.time_budget_s / every_s - 1e-9))
+    return [min(every_s, cfg.time_budget_s - i * every_s) for i in range(n)]

@@ -1,0 +1,194 @@
+"""SFT of the experience model: masking, neighbours never from the own trajectory, memorisation, eval-exp."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from typer.testing import CliRunner
+
+from dreamgym.cli import app
+from dreamgym.collect import iter_episodes
+from dreamgym.envs import make
+from dreamgym.experience.annotate import RuleAnnotator
+from dreamgym.experience.model import ExperienceModel
+from dreamgym.experience.protocol import ExperienceQuery, ProtocolConfig, step_target
+from dreamgym.experience.train import (
+    exp_examples,
+    fresh_tiny_model,
+    mix,
+    tiny_shape,
+    train_experience_model,
+)
+from dreamgym.replay import HashingEncoder, ReplayBuffer
+from dreamgym.train.sft import IGNORE_INDEX, SFTConfig, encode_prompt, tokenize_example
+from dreamgym.types import DataError, Task, Trajectory, Transition, write_jsonl
+
+COMPACT = ProtocolConfig(k=0, history_window=0, system_prompt="")
+
+
+@pytest.fixture(scope="module")
+def shop():
+    return make("shop", num_products=100)
+
+
+@pytest.fixture(scope="module")
+def annotated(shop) -> list[Trajectory]:
+    trajs = list(iter_episodes(shop, shop.scripted_policy("noisy", seed=0, noise=0.3), 6, split="train", seed=0))
+    return RuleAnnotator().annotate(trajs)
+
+
+def one_step(traj: Trajectory, t: int) -> Trajectory:
+    """Step ``t`` of ``traj`` as a one-step trajectory (done only if the step ended the episode)."""
+    return traj.model_copy(update={"transitions": [traj.transitions[t]], "traj_id": f"{traj.traj_id}-{t}",
+                                   "success": traj.success and t == len(traj.transitions) - 1})
+
+
+def test_examples_need_reasoning_and_name_the_first_unannotated_trajectory(shop) -> None:
+    raw = list(iter_episodes(shop, shop.scripted_policy("oracle"), 2, split="train", seed=0))
+    with pytest.raises(DataError, match=raw[0].traj_id):
+        exp_examples(raw, COMPACT)
+    plain = exp_examples(raw, ProtocolConfig(k=0, reasoning=False))
+    assert len(plain) == sum(len(t.transitions) for t in raw) and "<think>" not in plain[0].target
+
+
+def test_one_example_per_transition_with_the_protocol_target(annotated) -> None:
+    examples = exp_examples(annotated, COMPACT, chat=False)
+    steps = [(traj, t) for traj in annotated for t in range(len(traj.transitions))]
+    assert len(examples) == len(steps)
+    for ex, (traj, t) in zip(examples, steps, strict=True):
+        assert ex.target == step_target(traj, t, traj.transitions[t].info["reasoning"], COMPACT)
+        assert isinstance(ex.prompt, str) and ex.prompt.rstrip().endswith(f"ACTION: {traj.transitions[t].action}")
+
+
+def test_loss_is_on_target_tokens_only(annotated) -> None:
+    examples = exp_examples(annotated[:1], COMPACT)
+    model, tokenizer = fresh_tiny_model("micro", annotated, examples, 512, seed=0)
+    ex = examples[-1]
+    row = tokenize_example(tokenizer, ex, max_length=1024)
+    assert row is not None
+    n_prompt = len(encode_prompt(tokenizer, ex.prompt))
+    labels = torch.tensor(row["labels"])
+    assert (labels[:n_prompt] == IGNORE_INDEX).all() and (labels[n_prompt:] != IGNORE_INDEX).all()
+    assert tokenizer.decode(row["input_ids"][n_prompt:], skip_special_tokens=True) == ex.target
+    ids = torch.tensor([row["input_ids"]])
+    with torch.no_grad():
+        out = model(input_ids=ids, labels=labels[None])
+    # By hand: position i predicts token i+1; only target tokens count.
+    logits = out.logits[0, n_prompt - 1 : -1]
+    by_hand = F.cross_entropy(logits, ids[0, n_prompt:])
+    assert torch.allclose(out.loss, by_hand, atol=1e-5)
+
+
+def test_protocol_tags_and_identifiers_tokenize_for_copying(annotated) -> None:
+    _, tokenizer = fresh_tiny_model("micro", annotated, exp_examples(annotated[:1], COMPACT), 512, seed=0)
+    for tag in ("<state>", "</state>", "<reward>", "</reward>", "<done>", "<success>", "<think>"):
+        assert len(tokenizer(tag, add_special_tokens=False).input_ids) == 1, tag
+    # A product id is spelled out in both cases (the click is lower case), digits one by one.
+    assert tokenizer.tokenize("B0QH9VSU") == list("B0QH9VSU")
+    assert tokenizer.tokenize("click[b0qh9vsu]")[-9:] == [*"b0qh9vsu", "]"]
+    assert tokenizer.tokenize("$729.72")[-6:] == list("729.72")
+
+
+def test_neighbours_never_come_from_the_own_trajectory(tmp_path: Path) -> None:
+    # Each trajectory's text names it, so its own steps are its most similar ones: exclusion is what keeps them out.
+    trajs = []
+    for i in range(5):
+        steps = [Transition(state=f"[1] text: shelf T{i} aisle {t}", action=f"click[T{i} item {t}]",
+                            next_state=f"[1] text: shelf T{i} aisle {t + 1}", reward=0.0, done=False,
+                            info={"reasoning": f"walk T{i}"}) for t in range(3)]
+        trajs.append(Trajectory(traj_id=f"T{i}", task=Task(task_id=f"task{i}", instruction=f"find T{i}", env="toy"),
+                                transitions=steps))
+    buffer = ReplayBuffer.open(tmp_path / "buf", encoder=HashingEncoder())
+    buffer.add_trajectories(trajs)
+    cfg = ProtocolConfig(k=2, neighbour_states=True, system_prompt="")
+    examples = exp_examples(trajs, cfg, buffer, chat=False)
+    assert len(examples) == 15
+    for ex, (traj, _) in zip(examples, [(tr, t) for tr in trajs for t in range(3)], strict=True):
+        assert isinstance(ex.prompt, str)
+        similar = ex.prompt.split("SIMILAR:")[1].split("STATE:")[0]
+        assert similar.count("→ click[") == 2  # k neighbours were found ...
+        named = set(re.findall(r"T\d", similar))
+        assert traj.traj_id not in named and named  # ... and none of them is from the step's own trajectory
+    # Without the exclusion the own trajectory's steps are the nearest: the check above is not vacuous.
+    own = buffer.retrieve(trajs[0].transitions[0].state, trajs[0].transitions[0].action, k=2)
+    assert {h.traj_id for h in own} == {"T0"}
+
+
+def test_mix_resamples_by_kind() -> None:
+    examples = [f"e{i}" for i in range(1000)]
+    kinds = ["results", "done"] * 500
+    out = mix(examples, kinds, {"results": 0.2, "done": 2.0}, seed=0)  # type: ignore[arg-type]
+    assert out.count("e1") == 2 and sum(e in examples[1::2] for e in out) == 1000
+    assert 60 < sum(int(e[1:]) % 2 == 0 for e in out) < 140
+    with pytest.raises(ValueError):
+        mix(examples, kinds, {"results": -1.0})  # type: ignore[arg-type]
+
+
+def test_tiny_shape_parses_presets_and_sizes() -> None:
+    assert tiny_shape("micro") is not None and tiny_shape("models/qwen") is None
+    shape = tiny_shape("128x4")
+    assert shape is not None and (shape.hidden_size, shape.num_layers, shape.num_heads) == (128, 4, 4)
+    with pytest.raises(ValueError):
+        tiny_shape("100x2")
+
+
+@pytest.fixture(scope="module")
+def memorised(annotated, tmp_path_factory) -> tuple[Path, list[Trajectory]]:
+    """A micro model trained to memorise two short steps: back to search, and a purchase."""
+    traj = next(t for t in annotated if t.transitions[-1].done and t.transitions[-1].reward > 0)
+    back = next((tr, t) for tr in annotated for t, x in enumerate(tr.transitions) if x.action == "click[back to search]")
+    data = [one_step(traj, len(traj.transitions) - 1), one_step(*back)]
+    root = tmp_path_factory.mktemp("exp")
+    write_jsonl(root / "train.jsonl", data)
+    sft = SFTConfig(epochs=120, learning_rate=1e-2, batch_size=2, warmup_ratio=0.0, lr_scheduler="constant",
+                    max_length=512, num_threads=2, logging_steps=1000, save_steps=100000)
+    summary = train_experience_model([root / "train.jsonl"], "micro", root / "model", COMPACT, sft, vocab_size=512)
+    assert summary["examples"] == 2 and summary["steps"] == 120
+    return root, data
+
+
+def test_short_training_memorises_the_targets_under_greedy_decoding(memorised) -> None:
+    root, data = memorised
+    model = ExperienceModel.load(root / "model")
+    assert model.protocol == COMPACT  # experience.json carries the training protocol
+    saved = json.loads((root / "model" / "summary.json").read_text())
+    assert saved["examples"] == 2 and saved["target_tokens"] > 0 and saved["seconds"] > 0
+    predictions = model.predict([ExperienceQuery.at_step(traj, 0) for traj in data])
+    for traj, p in zip(data, predictions, strict=True):
+        x = traj.transitions[0]
+        assert p.failure is None
+        assert (p.reasoning, p.next_state, p.reward, p.done) == (
+            x.info["reasoning"], x.next_state.strip(), round(x.reward, 2), x.done)
+
+
+def test_eval_exp_end_to_end_reports_every_key(memorised, annotated) -> None:
+    root, _ = memorised
+    write_jsonl(root / "heldout.jsonl", annotated[:2])
+    result = CliRunner().invoke(app, ["eval-exp", "--model", str(root / "model"), "--data", str(root / "heldout.jsonl"),
+                                      "--max-transitions", "6", "--show", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    for key in ("reward_accuracy", "terminal_reward_accuracy", "reward_mae", "done_accuracy", "invalid_output_rate",
+                "next_state_f1", "epsilon_r", "epsilon_p", "lemma1_bound", "transitions",
+                "terminal_reward_majority_baseline", "click_consistency", "reward_consistency",
+                "next_state_f1_by_page", "seconds", "steps_per_s", "side_by_side"):
+        assert key in report, key
+    assert report["transitions"] == 6 and len(report["side_by_side"]) == 2
+
+
+def test_train_exp_cli_rejects_bad_input_in_one_line(tmp_path: Path, annotated) -> None:
+    write_jsonl(tmp_path / "raw.jsonl", [t.model_copy(update={"transitions": [
+        x.model_copy(update={"info": {}}) for x in t.transitions]}) for t in annotated[:1]])
+    for args, message in (
+        (["--data", str(tmp_path / "nope.jsonl")], "no such trajectory file"),
+        (["--data", str(tmp_path / "raw.jsonl")], "has no info.reasoning"),
+        (["--data", str(tmp_path / "raw.jsonl"), "--no-reasoning", "--lr", "-1"], "learning_rate"),
+    ):
+        result = CliRunner().invoke(app, ["train-exp", *args, "--out", str(tmp_path / "m"), "--model", "micro"])
+        assert result.exit_code != 0
+        assert message in str(result.exception) or message in result.output, (args, result.output, result.exception)
