@@ -56,16 +56,20 @@ def run_episode(
     )
 
 
-def episode_tasks(env: TextEnv, split: str, episodes: int, seed: int) -> list[Task | None]:
-    """The tasks of ``episodes`` episodes: the split's tasks in a seeded order, cycling if needed."""
+def seeded_order(pool: list[Task], episodes: int, seed: int) -> list[Task]:
+    """``episodes`` tasks of ``pool`` in a seeded order, cycling if needed (shared by every evaluation, so the
+    scripted and the LLM policies play the same tasks)."""
     import random
 
-    pool = env.tasks(split)
-    if not pool:
-        return [None] * episodes
     order = list(range(len(pool)))
     random.Random(seed).shuffle(order)
     return [pool[order[i % len(order)]] for i in range(episodes)]
+
+
+def episode_tasks(env: TextEnv, split: str, episodes: int, seed: int) -> list[Task | None]:
+    """The tasks of ``episodes`` episodes: the split's tasks in a seeded order (None for envs without tasks)."""
+    pool = env.tasks(split)
+    return list(seeded_order(pool, episodes, seed)) if pool else [None] * episodes
 
 
 def iter_episodes(

@@ -8,23 +8,19 @@ Episodes run as batched rollouts (one policy call per turn across all live episo
 
 from __future__ import annotations
 
-import random
-
 from dreamgym.agent.policy import LLMPolicy
-from dreamgym.collect import EvalResult, summarize
+from dreamgym.collect import EvalResult, seeded_order, summarize
 from dreamgym.rl.envpool import EnvFactory, EnvPool, LocalEnvPool
 from dreamgym.rl.rollout import Episode, collect_rollouts
 from dreamgym.types import Task
 
 
 def eval_tasks(pool: EnvPool, split: str, episodes: int, seed: int) -> list[Task]:
-    """The split's tasks in a seeded order, cycling if needed (as ``dreamgym.collect.episode_tasks``)."""
+    """The split's tasks in the seeded order of :func:`dreamgym.collect.seeded_order`."""
     tasks = pool.tasks(split)
     if not tasks:
         raise ValueError(f"env {pool.name!r} has no tasks in split {split!r} to evaluate on")
-    order = list(range(len(tasks)))
-    random.Random(seed).shuffle(order)
-    return [tasks[order[i % len(order)]] for i in range(episodes)]
+    return seeded_order(tasks, episodes, seed)
 
 
 def run_eval_episodes(
