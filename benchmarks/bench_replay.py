@@ -1,13 +1,14 @@
 """Replay-buffer benchmark: top-8 query latency and recall at growing sizes, add throughput, encoder speed.
 
-One buffer grows through the sizes (default 10k, 100k, 1M transitions); at each size it measures single-query
+One buffer per approximate index (IVF, HNSW) grows through the sizes (default 10k, 100k, 1M transitions); at each size it measures single-query
 latency (index search only, and with the 8 records read back), batched latency, filtered latency, and recall@8
 of the index against exact brute force. Embeddings are precomputed: random but clustered 384-d unit vectors
 (cluster centres plus a shared low-rank variation, like text embeddings), so add throughput excludes encoding.
 The encoders are timed separately on realistic shop (state, action) texts.
 
-    .venv/bin/python benchmarks/bench_replay.py                      # the full run (~15 min on 2 cores)
+    .venv/bin/python benchmarks/bench_replay.py                      # the full run (~10 min on 2 cores)
     .venv/bin/python benchmarks/bench_replay.py --sizes 10000 100000  # quicker
+    .venv/bin/python benchmarks/bench_replay.py --indexes ivf        # IVF only (HNSW: --hnsw-max-rows)
 """
 
 from __future__ import annotations
@@ -100,16 +101,40 @@ def recall_and_gap(got: list[list[int]], truth: np.ndarray, vectors: np.ndarray,
 
 def ef_search_sweep(buf: ReplayBuffer, queries: np.ndarray, truth: np.ndarray) -> list[dict[str, float]]:
     """Recall and latency of the HNSW index at several efSearch (the buffer's default is IndexConfig.ef_search)."""
-    index, vectors = buf.index.index, buf.store.embeddings()
+    index = buf.index.index
     assert isinstance(index, faiss.IndexHNSWFlat)
+
+    def set_ef(ef: int) -> None:
+        index.hnsw.efSearch = ef
+
+    return knob_sweep(index, "ef_search", (32, 64, 128, 256), set_ef, buf, queries, truth)
+
+
+def nprobe_sweep(buf: ReplayBuffer, queries: np.ndarray, truth: np.ndarray) -> list[dict[str, float]]:
+    """Recall and latency of the IVF index at several nprobe (the buffer's default is IndexConfig.ivf_nprobe)."""
+    index = buf.index.index
+    assert isinstance(index, faiss.IndexIVFFlat)
+
+    def set_nprobe(nprobe: int) -> None:
+        index.nprobe = nprobe
+
+    return knob_sweep(index, "nprobe", (8, 16, 32, 64), set_nprobe, buf, queries, truth)
+
+
+def knob_sweep(
+    index: faiss.Index, name: str, values: tuple[int, ...], set_knob: Any, buf: ReplayBuffer, queries: np.ndarray,
+    truth: np.ndarray,
+) -> list[dict[str, float]]:
+    """Search the raw faiss index with each value of one search-time knob: recall@8, cosine gap, p50 latency."""
+    vectors = buf.store.embeddings()
     rows = []
     with omp_threads(buf.index.config.threads):
-        for ef in (32, 64, 128, 256):
-            index.hnsw.efSearch = ef
+        for value in values:
+            set_knob(value)
             lat = latency_ms(lambda q: index.search(q, K), [queries[i : i + 1] for i in range(len(queries))])
             got = [list(r) for r in index.search(queries, K)[1]]
             recall, gap = recall_and_gap(got, truth, vectors, queries)
-            rows.append({"ef_search": ef, "recall_at_8": recall, "cosine_gap": gap, "p50_ms": lat["p50"]})
+            rows.append({name: value, "recall_at_8": recall, "cosine_gap": gap, "p50_ms": lat["p50"]})
     return rows
 
 
@@ -139,8 +164,11 @@ def measure_size(buf: ReplayBuffer, gen: ClusteredEmbeddings, n_queries: int) ->
         "query_source_filter_10pct_ms": latency_ms(lambda q: buf.search_rows(q, K, source="synthetic"), few),
         "filtered_exact_fallbacks": buf.exact_fallbacks - fallbacks,
     }
-    if buf.index.is_hnsw:
+    if buf.index.kind == "hnsw":
         row["ef_search_sweep"] = ef_search_sweep(buf, queries[:200], truth)
+    if isinstance(buf.index.index, faiss.IndexIVFFlat):
+        row["ivf_lists"] = buf.index.index.nlist
+        row["nprobe_sweep"] = nprobe_sweep(buf, queries[:200], truth)
     return row
 
 
@@ -173,33 +201,17 @@ def bench_encoders(n_texts: int) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
-    ap.add_argument("--queries", type=int, default=1_000)
-    ap.add_argument("--batch", type=int, default=10_000, help="transitions per add (one committed batch)")
-    ap.add_argument("--threads", type=int, default=1, help="faiss OpenMP threads (IndexConfig.threads)")
-    ap.add_argument("--encoder-texts", type=int, default=512, help="0 skips the encoder timing")
-    ap.add_argument("--workdir", type=Path, default=None, help="where the buffer is built (default: a temp dir)")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_replay.json"))
-    args = ap.parse_args()
-
+def bench_index(kind: str, sizes: list[int], args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Grow one buffer (approximate index ``kind``) through ``sizes``; measure each size, then close and reopen."""
     dim = 384
-    work = Path(tempfile.mkdtemp(prefix="bench_replay_", dir=args.workdir))
-    config = IndexConfig(threads=args.threads)
-    result: dict[str, Any] = {
-        "command": shlex.join([sys.executable.split("/")[-1], *sys.argv]),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "faiss": faiss.__version__,
-                    "loadavg_start": os.getloadavg()},
-        "config": {"dim": dim, "k": K, "batch": args.batch, **dataclasses.asdict(config)},
-        "sizes": [],
-    }
-    gen = ClusteredEmbeddings(dim)
-    buf = ReplayBuffer.open(work / "buf", HashingEncoder(dim), config=config)
+    config = IndexConfig(approximate="hnsw" if kind == "hnsw" else "ivf", threads=args.threads)
+    out: dict[str, Any] = {"config": dataclasses.asdict(config), "sizes": []}
+    gen = ClusteredEmbeddings(dim)  # the same vectors for every kind
+    buf = ReplayBuffer.open(work / kind, HashingEncoder(dim), config=config)
     try:
-        for size in sorted(args.sizes):
+        for size in sorted(sizes):
             t_add = 0.0
-            added_before = len(buf)
+            added_before, retrains_before = len(buf), buf.index.retrains
             while len(buf) < size:
                 n = min(args.batch, size - len(buf))
                 records, vectors = make_records(len(buf), n), gen.sample(n)  # built outside the timed add
@@ -209,44 +221,83 @@ def main() -> None:
             row = measure_size(buf, gen, args.queries)
             row["add_per_s"] = (len(buf) - added_before) / t_add
             row["add_rows"] = len(buf) - added_before
+            row["ivf_trainings_during_adds"] = buf.index.retrains - retrains_before
             print(json.dumps(row), flush=True)
-            result["sizes"].append(row)
+            out["sizes"].append(row)
         t = time.perf_counter()
         buf.close()
-        result["close_snapshot_s"] = time.perf_counter() - t
+        out["close_snapshot_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        buf = ReplayBuffer.open(work / "buf", HashingEncoder(dim), config=config)
-        result["reopen_s"] = time.perf_counter() - t
-        result["disk_bytes"] = buf.stats().disk_bytes
+        buf = ReplayBuffer.open(work / kind, HashingEncoder(dim), config=config)
+        out["reopen_s"] = time.perf_counter() - t
+        out["disk_bytes"] = buf.stats().disk_bytes
     finally:
         buf.close()
-        shutil.rmtree(work)
-    result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    if args.encoder_texts:
-        result["encoders"] = bench_encoders(args.encoder_texts)
-    result["machine"]["loadavg_end"] = os.getloadavg()
+        shutil.rmtree(work / kind)
+    return out
 
+
+def print_table(result: dict[str, Any]) -> None:
     print(f"\n{'rows':>9} {'index':>6} {'recall@8':>8} {'p50 ms':>7} {'p95 ms':>7} {'+records':>8} {'batched':>8} "
           f"{'excl':>6} {'env50%':>7} {'src10%':>7} {'add/s':>8}")
-    for r in result["sizes"]:
-        print(
-            f"{r['rows']:>9} {r['index']:>6} {r['recall_at_8']:>8.3f} {r['query_ms']['p50']:>7.3f} "
-            f"{r['query_ms']['p95']:>7.3f} {r['query_with_records_ms']['p50']:>8.3f} "
-            f"{r['query_batched_per_query_ms']:>8.3f} {r['query_exclude_traj_ms']['p50']:>6.3f} "
-            f"{r['query_env_filter_50pct_ms']['p50']:>7.3f} {r['query_source_filter_10pct_ms']['p50']:>7.3f} "
-            f"{r['add_per_s']:>8.0f}"
-        )
-    for r in result["sizes"]:
-        for sw in r.get("ef_search_sweep", []):
-            print(f"  {r['rows']:>9} rows, efSearch {sw['ef_search']:>3}: recall@8 {sw['recall_at_8']:.3f}, "
-                  f"cosine gap {sw['cosine_gap']:.4f}, p50 {sw['p50_ms']:.3f} ms")
-    print(f"close (snapshot) {result['close_snapshot_s']:.1f} s, reopen {result['reopen_s']:.1f} s, "
-          f"disk {result['disk_bytes'] / 2**30:.2f} GiB, peak RSS {result['peak_rss_gib']:.2f} GiB")
+    for kind, run in result["indexes"].items():
+        for r in run["sizes"]:
+            print(
+                f"{r['rows']:>9} {r['index']:>6} {r['recall_at_8']:>8.3f} {r['query_ms']['p50']:>7.3f} "
+                f"{r['query_ms']['p95']:>7.3f} {r['query_with_records_ms']['p50']:>8.3f} "
+                f"{r['query_batched_per_query_ms']:>8.3f} {r['query_exclude_traj_ms']['p50']:>6.3f} "
+                f"{r['query_env_filter_50pct_ms']['p50']:>7.3f} {r['query_source_filter_10pct_ms']['p50']:>7.3f} "
+                f"{r['add_per_s']:>8.0f}"
+            )
+        for r in run["sizes"]:
+            for sw in r.get("ef_search_sweep", []) + r.get("nprobe_sweep", []):
+                knob = "efSearch" if "ef_search" in sw else "nprobe"
+                print(f"  {r['rows']:>9} rows, {knob} {sw.get('ef_search', sw.get('nprobe')):>3}: "
+                      f"recall@8 {sw['recall_at_8']:.3f}, cosine gap {sw['cosine_gap']:.4f}, p50 {sw['p50_ms']:.3f} ms")
+        print(f"  {kind}: close (snapshot) {run['close_snapshot_s']:.1f} s, reopen {run['reopen_s']:.1f} s, "
+              f"disk {run['disk_bytes'] / 2**30:.2f} GiB")
+    print(f"peak RSS {result['peak_rss_gib']:.2f} GiB")
     if "encoders" in result:
         e = result["encoders"]
         print(f"MiniLM: {e['minilm_texts_per_s_1_threads']:.0f} texts/s on 1 thread, "
               f"{e['minilm_texts_per_s_2_threads']:.0f} on 2 (load {e['minilm_load_s']:.1f} s); "
               f"hashing: {e['hashing_texts_per_s']:.0f} texts/s; {e['texts']} texts of ~{e['mean_chars']:.0f} chars")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    ap.add_argument("--queries", type=int, default=1_000)
+    ap.add_argument("--batch", type=int, default=10_000, help="transitions per add (one committed batch)")
+    ap.add_argument("--indexes", choices=["ivf", "hnsw"], nargs="+", default=["ivf", "hnsw"],
+                    help="approximate indexes to compare (IndexConfig.approximate), one buffer each")
+    ap.add_argument("--hnsw-max-rows", type=int, default=100_000,
+                    help="HNSW only up to this size (its adds run at ~1k/s: 1M rows take ~17 min)")
+    ap.add_argument("--threads", type=int, default=1, help="faiss OpenMP threads (IndexConfig.threads)")
+    ap.add_argument("--encoder-texts", type=int, default=512, help="0 skips the encoder timing")
+    ap.add_argument("--workdir", type=Path, default=None, help="where the buffers are built (default: a temp dir)")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_replay.json"))
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="bench_replay_", dir=args.workdir))
+    result: dict[str, Any] = {
+        "command": shlex.join([sys.executable.split("/")[-1], *sys.argv]),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "faiss": faiss.__version__,
+                    "loadavg_start": os.getloadavg()},
+        "config": {"dim": 384, "k": K, "batch": args.batch},
+        "indexes": {},
+    }
+    try:
+        for kind in args.indexes:
+            sizes = [s for s in args.sizes if kind != "hnsw" or s <= args.hnsw_max_rows]
+            result["indexes"][kind] = bench_index(kind, sizes, args, work)
+    finally:
+        shutil.rmtree(work)
+    result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    if args.encoder_texts:
+        result["encoders"] = bench_encoders(args.encoder_texts)
+    result["machine"]["loadavg_end"] = os.getloadavg()
+    print_table(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
