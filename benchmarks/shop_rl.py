@@ -10,6 +10,8 @@ Stages (each cached in ``--work``, so a rerun skips what is done):
    end, and counts the real transitions it trained on.
 
     .venv/bin/python benchmarks/shop_rl.py --work runs/shop_rl [--algos grpo,ppo] [--seeds 0,1,2]
+    # from an existing index-format BC run (benchmarks/shop_sft.py), skipping stages 1-2:
+    .venv/bin/python benchmarks/shop_rl.py --work runs/shop_rl --init /tmp/sft_index/run --seeds 0,1 --ppo-seeds 0
 
 Writes benchmarks/results/shop_rl.json (with the command) and prints success before/after, mean ± sd over seeds.
 """
@@ -73,20 +75,24 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("runs/shop_rl"))
     ap.add_argument("--preset", default="micro", help="tiny preset of the policy (small is ~3x slower)")
     ap.add_argument("--vocab-size", type=int, default=1024, help="BPE vocabulary (larger: shorter prompts)")
-    ap.add_argument("--num-products", type=int, default=200)
-    ap.add_argument("--results-per-page", type=int, default=3)
+    ap.add_argument("--num-products", type=int, default=1000)
+    ap.add_argument("--results-per-page", type=int, default=5)
     ap.add_argument("--episodes", type=int, default=300, help="noisy-oracle episodes for the SFT data")
     ap.add_argument("--noise", type=float, default=0.3)
     ap.add_argument("--sft-epochs", type=float, default=3.0)
     ap.add_argument("--sft-lr", type=float, default=5e-3)
     ap.add_argument("--algos", default="grpo,ppo")
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--ppo-seeds", default=None, help="PPO seeds if not --seeds (PPO is the slower one)")
     ap.add_argument("--iterations", type=int, default=8)
-    ap.add_argument("--tasks-per-iter", type=int, default=4)
+    ap.add_argument("--tasks-per-iter", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=5e-5)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--minibatch-size", type=int, default=128, help="turns per optimizer step")
+    ap.add_argument("--max-steps", type=int, default=15, help="episode step limit")
+    ap.add_argument("--eval-every", type=int, default=4, help="greedy test evaluation every N iterations")
     ap.add_argument("--eval-episodes", type=int, default=100)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--sft-only", action="store_true", help="stop after the SFT warm start")
     ap.add_argument("--init", type=Path, default=None,
                     help="an existing SFT policy run dir to start from (skips the data and SFT stages)")
@@ -110,12 +116,14 @@ def main() -> None:
         return
     base = {
         "env": "shop", "env_kwargs": shop, "iterations": args.iterations, "tasks_per_iter": args.tasks_per_iter,
-        "group_size": args.group_size, "lr": args.lr, "temperature": args.temperature, "eval_every": 0, "eval_episodes": args.eval_episodes,
-        "save_every": 1, "num_threads": args.threads,
+        "group_size": args.group_size, "lr": args.lr, "temperature": args.temperature, "max_steps": args.max_steps,
+        "minibatch_size": args.minibatch_size, "kl_coef": 0.0, "eval_every": args.eval_every,
+        "eval_episodes": args.eval_episodes, "save_every": 1, "num_threads": args.threads,
     }
     runs: dict[str, list[dict[str, Any]]] = {}
     for algo in args.algos.split(","):
-        for seed in (int(s) for s in args.seeds.split(",")):
+        seeds = args.ppo_seeds if algo == "ppo" and args.ppo_seeds is not None else args.seeds
+        for seed in (int(s) for s in seeds.split(",")):
             s = rl_run(args.work, sft_run, algo, seed, base)
             start = s["initial_eval"]["success_rate"]
             runs.setdefault(algo, []).append({
@@ -124,6 +132,8 @@ def main() -> None:
                 "rl_reward": s["mean_reward"], "sft_invalid_rate": s["initial_eval"]["invalid_action_rate"],
                 "rl_invalid_rate": s["evals"][-1]["invalid_action_rate"], "real_transitions": s["real_transitions"],
                 "iterations": s["iterations"], "seconds": s["seconds"],
+                "evals": [{k: e[k] for k in ("iteration", "real_transitions", "success_rate", "mean_reward")}
+                          for e in s["evals"]],
             })
             print(f"{algo} seed {seed}: test success {start:.3f} -> {s['success_rate']:.3f} "
                   f"({s['real_transitions']} real transitions, {s['seconds']:.0f} s)")
@@ -132,6 +142,9 @@ def main() -> None:
             "sft_success": mean_sd([r["sft_success"] for r in rs]),
             "rl_success": mean_sd([r["rl_success"] for r in rs]),
             "gain": mean_sd([r["gain"] for r in rs]),
+            "sft_reward": mean_sd([r["sft_reward"] for r in rs]),
+            "rl_reward": mean_sd([r["rl_reward"] for r in rs]),
+            "minutes": mean_sd([r["seconds"] / 60 for r in rs]),
             "real_transitions": mean_sd([float(r["real_transitions"]) for r in rs]),
         }
         for algo, rs in runs.items()
