@@ -167,3 +167,24 @@ def test_cli_trains_then_evaluates_the_run(
     with pytest.raises(SystemExit) as exit_info:
         main()
     assert exit_info.value.code == 2 and "already holds a run" in capsys.readouterr().err
+
+
+def test_grpo_episode_turn_weighting_gives_every_episode_equal_weight() -> None:
+    from dreamgym.rl.rollout import Episode, Turn
+    from dreamgym.rl.trainer import TurnRow, grpo_advantages
+    from dreamgym.types import Task
+
+    def episode(reward: float, turns: int) -> Episode:
+        e = Episode(task=Task(task_id="t", instruction="x"), group_id=0, seed=0, source="real")
+        for i in range(turns):
+            r = reward if i == turns - 1 else 0.0
+            e.turns.append(Turn("s", [], [1], [2], [0.0], "", "a", True, "s2", r, r, i == turns - 1, False, {}))
+        return e
+
+    eps = [episode(1.0, 1), episode(0.0, 3)]  # a 1-turn success and a 3-turn failure; mean turns = 2
+    rows = [TurnRow([1], [2], [0.0]) for _ in range(4)]
+    grpo_advantages(eps, rows, normalize_std=False, turn_weighting="token")
+    assert [r.advantage for r in rows] == [0.5, -0.5, -0.5, -0.5]  # Dr.GRPO: r - mean = ±0.5 on every turn
+    grpo_advantages(eps, rows, normalize_std=False, turn_weighting="episode")
+    # scaled by mean_turns / turns: 2/1 for the success, 2/3 for the failure -> summed weight +1.0 vs -1.0
+    assert [r.advantage for r in rows] == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3])

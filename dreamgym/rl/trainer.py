@@ -96,6 +96,9 @@ class RLConfig(BaseModel):
     kl_estimator: KLKind = "k3"
     entropy_coef: float = Field(default=0.0, ge=0)
     normalize_std: bool = Field(default=True, description="GRPO; False = Dr.GRPO")
+    turn_weighting: Literal["token", "episode"] = Field(
+        default="token", description="GRPO: 'episode' scales each turn's advantage by mean_turns/turns, so a long "
+        "failed episode does not outweigh a short success (benchmarks/results/shop_rl.json, notes)")
     gamma: float = Field(default=0.99, ge=0, le=1, description="PPO")
     lam: float = Field(default=0.95, ge=0, le=1, description="PPO")
     vf_clip: float | None = Field(default=0.2, gt=0, description="PPO")
@@ -180,11 +183,16 @@ def collate(rows: Sequence[TurnRow], pad_id: int, with_response: bool = True) ->
 # ----------------------------------------------------------------------------------------- advantages
 
 
-def grpo_advantages(episodes: Sequence[Episode], rows: list[TurnRow], normalize_std: bool) -> None:
-    """GRPO: every turn of an episode gets its episode's group-normalised (shaped) return."""
+def grpo_advantages(
+    episodes: Sequence[Episode], rows: list[TurnRow], normalize_std: bool, turn_weighting: str = "token"
+) -> None:
+    """GRPO: every turn of an episode gets its episode's group-normalised (shaped) return; with
+    ``turn_weighting="episode"`` scaled by mean_turns / turns, so every episode weighs the same in the loss."""
     returns = torch.tensor([e.shaped_return for e in episodes], dtype=torch.float64)
     advantages = group_advantages(returns, [e.group_id for e in episodes], normalize_std=normalize_std)
-    turn_adv = [float(a) for e, a in zip(episodes, advantages, strict=True) for _ in e.turns]
+    mean_turns = sum(len(e.turns) for e in episodes) / max(len(episodes), 1)
+    scale = [mean_turns / max(len(e.turns), 1) if turn_weighting == "episode" else 1.0 for e in episodes]
+    turn_adv = [float(a) * w for e, a, w in zip(episodes, advantages, scale, strict=True) for _ in e.turns]
     for row, a in zip(rows, turn_adv, strict=True):
         row.advantage = a
 
@@ -541,7 +549,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
                     row.old_value = v
                 ppo_advantages(episodes, rows, cfg)
             else:
-                grpo_advantages(episodes, rows, cfg.normalize_std)
+                grpo_advantages(episodes, rows, cfg.normalize_std, cfg.turn_weighting)
 
             # 3. clipped policy (and value) updates on minibatches of turns
             losses = update(model, ref_model, critic, optimizer, critic_optimizer, rows, cfg, pad_id,
