@@ -25,7 +25,7 @@ from dreamgym.experience.train import (
     train_experience_model,
 )
 from dreamgym.replay import HashingEncoder, ReplayBuffer
-from dreamgym.train.sft import IGNORE_INDEX, SFTConfig, encode_prompt, tokenize_example
+from dreamgym.train.sft import IGNORE_INDEX, SFTConfig, SFTExample, encode_prompt, tokenize_example
 from dreamgym.types import DataError, Task, Trajectory, Transition, write_jsonl
 
 COMPACT = ProtocolConfig(k=0, history_window=0, system_prompt="")
@@ -120,13 +120,14 @@ def test_neighbours_never_come_from_the_own_trajectory(tmp_path: Path) -> None:
 
 
 def test_mix_resamples_by_kind() -> None:
-    examples = [f"e{i}" for i in range(1000)]
+    examples = [SFTExample(f"p{i}", f"t{i}") for i in range(1000)]
     kinds = ["results", "done"] * 500
-    out = mix(examples, kinds, {"results": 0.2, "done": 2.0}, seed=0)  # type: ignore[arg-type]
-    assert out.count("e1") == 2 and sum(e in examples[1::2] for e in out) == 1000
-    assert 60 < sum(int(e[1:]) % 2 == 0 for e in out) < 140
+    out = mix(examples, kinds, {"results": 0.2, "done": 2.0}, seed=0)
+    targets = [ex.target for ex in out]
+    assert targets.count("t1") == 2 and sum(int(t[1:]) % 2 == 1 for t in targets) == 1000  # "done" twice each
+    assert 60 < sum(int(t[1:]) % 2 == 0 for t in targets) < 140  # "results" kept with probability 0.2
     with pytest.raises(ValueError):
-        mix(examples, kinds, {"results": -1.0})  # type: ignore[arg-type]
+        mix(examples, kinds, {"results": -1.0})
 
 
 def test_tiny_shape_parses_presets_and_sizes() -> None:
@@ -145,10 +146,10 @@ def memorised(annotated, tmp_path_factory) -> tuple[Path, list[Trajectory]]:
     data = [one_step(traj, len(traj.transitions) - 1), one_step(*back)]
     root = tmp_path_factory.mktemp("exp")
     write_jsonl(root / "train.jsonl", data)
-    sft = SFTConfig(epochs=120, learning_rate=1e-2, batch_size=2, warmup_ratio=0.0, lr_scheduler="constant",
+    sft = SFTConfig(epochs=80, learning_rate=1e-2, batch_size=2, warmup_ratio=0.0, lr_scheduler="constant",
                     max_length=512, num_threads=2, logging_steps=1000, save_steps=100000)
     summary = train_experience_model([root / "train.jsonl"], "micro", root / "model", COMPACT, sft, vocab_size=512)
-    assert summary["examples"] == 2 and summary["steps"] == 120
+    assert summary["examples"] == 2 and summary["steps"] == 80
     return root, data
 
 

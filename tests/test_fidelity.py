@@ -145,7 +145,7 @@ class ScriptedJudge:
     """A stand-in judge backend whose answers (good, malformed) are scripted: the parsing and counting of
     the judge mode are under test, not a model."""
 
-    tokenizer = None
+    tokenizer: object | None = None
 
     def __init__(self, answers: list[str]) -> None:
         self.answers = answers
