@@ -416,3 +416,24 @@ def test_cli_build_query_stats(tmp_path: Path, shop_trajs: list[Trajectory]) -> 
     cmd = [sys.executable, "-m", "dreamgym", "buffer", "build", "--data", str(tmp_path / "bad.jsonl"), "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "bad.jsonl:1" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("config", [IndexConfig(), IVF], ids=["exact", "ivf"])
+def test_hidden_rows_are_neither_retrieved_nor_duplicates(tmp_path: Path, config: IndexConfig) -> None:
+    dim = 32
+    vectors = clustered(400, dim, seed=3)
+    with ReplayBuffer.open(tmp_path / "buf", HashingEncoder(dim), config=config) as buf:
+        recs = records(400)
+        buf.add_embedded(recs[:300], vectors[:300])
+        buf.add_embedded(recs[300:], vectors[300:])  # e.g. what a killed run wrote after its checkpoint
+        assert buf.hide_rows(300, 10_000) == 100
+        for q in clustered(20, dim, seed=4):
+            hits = [r for r, _ in buf.search_rows(q, 8)[0]]
+            assert hits == brute_force(vectors, q, 8, rows=np.arange(300))
+            assert [r for r, _ in buf.search_rows(q, 8, source="real")[0]] == hits  # filtered path too
+        # The resumed run redoes that work: its identical transitions are added again, once.
+        assert buf.add_embedded(recs[300:350] + recs[:10], np.concatenate([vectors[300:350], vectors[:10]])) == 50
+        assert buf.add_embedded(recs[300:350], vectors[300:350]) == 0
+        assert len(buf) == 450
+        q = vectors[320]
+        assert [r for r, _ in buf.search_rows(q, 1)[0]] == [400 + 20]  # the visible copy of row 320

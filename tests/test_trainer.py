@@ -19,7 +19,7 @@ from dreamgym.baselines.sft import bc_examples, init_model
 from dreamgym.collect import iter_episodes
 from dreamgym.envs import make, register
 from dreamgym.envs.shop import ShopEnv
-from dreamgym.rl.trainer import RLConfig, train
+from dreamgym.rl.trainer import RLConfig, tasks_within_budget, train
 from dreamgym.train.sft import MaskedCollator, tokenize_example
 from dreamgym.types import read_jsonl
 
@@ -131,8 +131,16 @@ def test_resumed_run_continues_bit_for_bit(sft_run: Path, tmp_path: Path) -> Non
 
 def test_real_transition_budget_stops_training(sft_run: Path, tmp_path: Path) -> None:
     summary = train(config(sft_run, iterations=5, real_transition_budget=1), tmp_path / "run")
-    assert summary["iterations"] == 1 and 1 <= summary["real_transitions"] <= 2 * 4 * 4
+    # One group of 4 episodes of at most 4 steps (not the whole 2-task iteration) was all the budget allowed.
+    assert summary["iterations"] == 1 and 1 <= summary["real_transitions"] <= 4 * 4
     assert summary["evals"][-1]["iteration"] == 1  # the last evaluation is of the final policy
+
+
+def test_the_last_iterations_shrink_to_the_real_transition_budget(sft_run: Path) -> None:
+    cfg = config(sft_run, tasks_per_iter=8, group_size=4, max_steps=5, real_transition_budget=100)
+    # A group costs at most 4 * 5 = 20 transitions: 5 groups fit in 100, then fewer as the budget is used.
+    assert [tasks_within_budget(cfg, used) for used in (0, 30, 81, 99)] == [5, 3, 1, 1]
+    assert tasks_within_budget(config(sft_run, tasks_per_iter=8), 10_000) == 8  # no budget: the full iteration
 
 
 def test_config_rejects_unknown_fields_and_grpo_without_groups(sft_run: Path, tmp_path: Path) -> None:
@@ -151,13 +159,14 @@ def test_cli_trains_then_evaluates_the_run(
     from dreamgym.cli import app, main
 
     out = tmp_path / "run"
-    sets = ["iterations=1", "tasks_per_iter=1", "group_size=2", "max_steps=2", "eval_episodes=2", "num_threads=1",
+    sets = ["iterations=3", "tasks_per_iter=1", "group_size=2", "max_steps=2", "eval_episodes=2", "num_threads=1",
             "env_kwargs={num_products: 100, num_tasks_per_split: 1}"]
     args = ["train", "--env", "shop", "--algo", "grpo", "--init", str(sft_run), "--out", str(out)]
-    r = CliRunner().invoke(app, [*args, *(x for s in sets for x in ("--set", s))])
+    r = CliRunner().invoke(app, [*args, "--real-budget", "1", *(x for s in sets for x in ("--set", s))])
     assert r.exit_code == 0, r.output
     line = json.loads(r.stdout.strip().splitlines()[-1])
-    assert line["iterations"] == 1 and line["real_transitions"] >= 2 and line["eval_episodes"] == 2
+    # The budget (1 real transition) stops the run after its first iteration of one group.
+    assert line["iterations"] == 1 and 2 <= line["real_transitions"] <= 4 and line["eval_episodes"] == 2
     r = CliRunner().invoke(app, ["eval", "--env", "shop", "--env-arg", "num_products=100", "--policy", str(out),
                                  "--split", "test", "--episodes", "3", "--json"])
     assert r.exit_code == 0, r.output

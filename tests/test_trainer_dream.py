@@ -4,10 +4,15 @@ writes synthetic transitions back to the replay buffer, saves the curriculum's t
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from dreamgym.agent.policy import PolicyConfig, save_policy
 from dreamgym.baselines.sft import bc_examples, init_model
@@ -18,7 +23,7 @@ from dreamgym.llm.tiny import init_tiny_model
 from dreamgym.replay import ReplayBuffer
 from dreamgym.rl.trainer import RLConfig, train
 from dreamgym.train.sft import MaskedCollator, tokenize_example
-from dreamgym.types import write_jsonl
+from dreamgym.types import read_jsonl, write_jsonl
 
 torch.set_num_threads(1)
 SHOP = {"num_products": 100}
@@ -84,3 +89,63 @@ def test_dream_run_resumes_with_its_task_set(setup: dict[str, Path]) -> None:
     summary = train(dream_cfg(setup, iterations=2), run, resume=True)
     assert summary["iterations"] == 2 and summary["real_transitions"] == 0
     assert len((run / "tasks.jsonl").read_text().splitlines()) >= 1
+
+
+# The child trains for real; the patch only makes it stop (and report) in the middle of iteration 2, after the
+# dream wrote that iteration's synthetic transitions to the replay buffer, so that the SIGKILL lands there.
+CHILD = """
+import json, sys, time
+from pathlib import Path
+import torch
+import dreamgym.rl.trainer as trainer
+torch.set_num_threads(1)
+cfg, run, ready = trainer.RLConfig.model_validate_json(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+real_advantages = trainer.grpo_advantages
+def advantages_then_hang(episodes, *args):
+    if (run / "metrics.jsonl").exists():  # iteration 1 is done and checkpointed: this is iteration 2
+        ready.write_text("killed in iteration 2")
+        time.sleep(600)
+    return real_advantages(episodes, *args)
+trainer.grpo_advantages = advantages_then_hang
+trainer.train(cfg, run)
+"""
+
+
+def test_dream_run_killed_mid_iteration_resumes_as_if_never_killed(setup: dict[str, Path]) -> None:
+    root = setup["root"]
+
+    def cfg(name: str) -> RLConfig:
+        c = dream_cfg(setup, iterations=3, save_rollouts=True)
+        assert c.dream is not None
+        return c.model_copy(update={"dream": c.dream.model_copy(update={"buffer": str(root / f"buffer-{name}")})})
+
+    straight = train(cfg("straight"), root / "straight")
+    killed, ready = root / "killed", root / "ready"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, cfg("killed").model_dump_json(), str(killed), str(ready)])
+    try:
+        deadline = time.monotonic() + 300
+        while not ready.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ready.exists(), f"the child did not reach iteration 2 (exit code {child.poll()})"
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait()
+    state = json.loads((killed / "checkpoint" / "state.json").read_text())
+    assert state["iteration"] == 1
+    with ReplayBuffer.open(root / "buffer-killed", read_only=True) as buf:
+        assert len(buf) > state["buffer_rows"]  # the killed iteration 2 wrote synthetic rows after the checkpoint
+
+    resumed = train(cfg("killed"), killed, resume=True)
+    assert resumed["iterations"] == 3 and resumed["real_transitions"] == 0
+    assert resumed["synthetic_transitions"] == straight["synthetic_transitions"]
+    for it in (2, 3):  # the same batches as the run that was never killed
+        a, b = (read_jsonl(run / "rollouts" / f"iter_{it:05d}.jsonl") for run in (root / "straight", killed))
+        assert [[(x.action, x.next_state, x.reward) for x in t.transitions] for t in a] == \
+            [[(x.action, x.next_state, x.reward) for x in t.transitions] for t in b]
+    a, b = (load_file(str(run / "model" / "model.safetensors")) for run in (root / "straight", killed))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with ReplayBuffer.open(root / "buffer-straight", read_only=True) as s, \
+            ReplayBuffer.open(root / "buffer-killed", read_only=True) as k:
+        keys = [{buf.record(r).key() for r in range(len(buf))} for buf in (s, k)]
+        assert keys[0] == keys[1]  # nothing lost; the orphan rows are copies of what the resumed run redid

@@ -34,12 +34,15 @@ def train_cmd(
     config: Path = typer.Option(None, help="YAML file of RLConfig fields"),
     set_: list[str] = typer.Option(None, "--set", help="override an RLConfig field: key=value (repeat)"),
     env_arg: list[str] = typer.Option(None, "--env-arg", help="env constructor argument key=value (repeat)"),
+    real_budget: int = typer.Option(None, "--real-budget", min=1,
+                                    help="real env transitions the run may use (sim-to-real: e.g. 5000)"),
     resume: bool = typer.Option(False, "--resume", help="continue the run in --out from its last checkpoint"),
 ) -> None:
     """Train an LLM policy with GRPO or PPO; counts every real env transition it consumes.
 
-    Precedence: RLConfig defaults < --config (or, with --resume, the run's saved config) < --env/--algo/--init/
-    --env-arg < --set.
+    Sim-to-real (S2R) is this command with ``--init`` a policy trained in the dream, the real env and
+    ``--real-budget N``. Precedence: RLConfig defaults < --config (or, with --resume, the run's saved config)
+    < --env/--algo/--init/--real-budget/--env-arg < --set.
     """
     from dreamgym.rl.trainer import RLConfig, train
 
@@ -52,7 +55,7 @@ def train_cmd(
         base = yaml.safe_load(config.read_text()) or {}
     if not isinstance(base, dict):
         raise ValueError(f"{config}: a config file must hold a mapping of RLConfig fields")
-    flags = {"env": env_name, "algo": algo, "init": init}
+    flags = {"env": env_name, "algo": algo, "init": init, "real_transition_budget": real_budget}
     base.update({k: v for k, v in flags.items() if v is not None})
     if env_arg:
         base["env_kwargs"] = {**base.get("env_kwargs", {}), **parse_env_args(env_arg)}

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from dreamgym.envs.base import TextEnv
@@ -124,8 +125,12 @@ class DreamEnv(TextEnv):
 
     # -- helpers ------------------------------------------------------------------------------------
     def _admissible(self, state: str) -> list[str]:
-        actions = self.grammar.admissible_for_state(state) if self.grammar is not None else None
-        return actions or []
+        if self.grammar is None:
+            return []
+        # The pool shares one grammar env; its random parts (the shop's example queries) are drawn from this
+        # episode's RNG, so that a dream episode is reproducible from its reset seed like a real one.
+        self.grammar.np_random = np.random.default_rng(int(self.np_random.integers(2**63)))
+        return self.grammar.admissible_for_state(state) or []
 
     def _record(self, state: str, action: str, next_state: str, reward: float, done: bool, info: dict[str, Any]) -> None:
         truncated = not done and self.steps >= self.max_steps

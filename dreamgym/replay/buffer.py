@@ -65,6 +65,8 @@ class ReplayBuffer:
         self.phi = CachedEncoder(encoder)  # a retrieved (s, a) is usually added later: encode it once
         self._subsets: dict[tuple[int | None, int | None], tuple[np.ndarray, np.ndarray]] = {}
         self.exact_fallbacks = 0  # filtered queries the index could not answer (since open)
+        self.hidden_rows: set[int] = set()  # see hide_rows
+        self._hidden_keys: set[bytes] = set()
 
     @classmethod
     def open(
@@ -148,6 +150,18 @@ class ReplayBuffer:
             self._commit(fresh, keys, l2_normalise(emb[keep]))
         return len(fresh)
 
+    def hide_rows(self, start: int, stop: int) -> int:
+        """Hide rows ``start..stop-1`` from retrieval and from duplicate suppression, for this open buffer.
+
+        For the transitions a killed training run wrote after its last checkpoint: the resumed run redoes that
+        work, so it must neither retrieve them nor have its own identical transitions dropped as duplicates.
+        The rows stay on disk (the store is append-only). Returns how many rows were hidden.
+        """
+        rows = range(max(0, start), min(stop, len(self)))
+        self.hidden_rows.update(rows)
+        self._hidden_keys.update(self.record(r).key() for r in rows)
+        return len(rows)
+
     def _dedup(
         self, records: Sequence[ReplayRecord], keep: list[int] | None = None
     ) -> tuple[list[ReplayRecord], list[bytes]]:
@@ -156,8 +170,9 @@ class ReplayBuffer:
         seen: set[bytes] = set()
         for i, record in enumerate(records):
             key = record.key()
-            if key in self.store or key in seen:
+            if key in seen or (key in self.store and key not in self._hidden_keys):
                 continue
+            self._hidden_keys.discard(key)  # added again: from now on an ordinary duplicate key
             seen.add(key)
             fresh.append(record)
             keys.append(key)
@@ -296,13 +311,12 @@ class ReplayBuffer:
         )
 
     def _excluded_rows(self, traj_id: str | None, env_code: int | None, source_code: int | None) -> set[int]:
-        """Rows of ``traj_id`` that would otherwise pass the filter."""
+        """Rows of ``traj_id``, and hidden rows, that would otherwise pass the filter."""
         code = self.store.trajs.codes.get(traj_id) if traj_id is not None else None
-        if code is None:
-            return set()
+        rows = set(self.store.traj_rows[code]) if code is not None else set()
         return {
             r
-            for r in self.store.traj_rows[code]
+            for r in rows | self.hidden_rows
             if (env_code is None or self.store.env_codes.values[r] == env_code)
             and (source_code is None or self.store.source_codes.values[r] == source_code)
         }

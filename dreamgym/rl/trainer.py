@@ -80,7 +80,8 @@ class RLConfig(BaseModel):
     max_steps: int = Field(default=15, ge=1)
     temperature: float = Field(default=1.0, gt=0, description="sampling temperature (log-probs use it too)")
     invalid_action_penalty: float = Field(default=0.1, ge=0)
-    real_transition_budget: int | None = Field(default=None, ge=1, description="stop once this many are used")
+    real_transition_budget: int | None = Field(
+        default=None, ge=1, description="stop once this many are used; the last iterations shrink to fit it")
     # optimisation
     lr: float = Field(default=5e-5, gt=0, description="the paper's 1e-6 is for 3B–8B models")
     critic_lr: float = Field(default=1e-4, gt=0)
@@ -342,12 +343,14 @@ class TrainState:
     synthetic_transitions: int = 0  # dream steps in training rollouts (no real env touched)
     synthetic_tasks: int = 0  # tasks the curriculum added
     eval_transitions: int = 0  # env.step calls in evaluations (never trained on)
+    buffer_rows: int | None = None  # the dream's replay buffer size at the checkpoint (later rows: a killed run's)
     train_episodes: int = 0
     seconds: float = 0.0
     evals: list[dict[str, Any]] = field(default_factory=list)
 
 
 CHECKPOINT, CHECKPOINT_TMP, CHECKPOINT_OLD = "checkpoint", "checkpoint.tmp", "checkpoint.old"
+TASKS = "tasks.jsonl"  # the task set (the curriculum adds to it), in each checkpoint and beside it
 
 
 def checkpoint_dir(run: Path) -> Path | None:
@@ -361,12 +364,15 @@ def checkpoint_dir(run: Path) -> Path | None:
 def save_checkpoint(
     run: Path, policy: LLMPolicy, optimizer: torch.optim.Optimizer, critic: Critic | None,
     critic_optimizer: torch.optim.Optimizer | None, rng: np.random.Generator, state: TrainState,
+    taskset: TaskSet | None = None,
 ) -> None:
     """Write the checkpoint to ``checkpoint.tmp`` and swap it in, so a kill never leaves a torn one."""
     tmp = run / CHECKPOINT_TMP
     shutil.rmtree(tmp, ignore_errors=True)
     llm: Any = policy.llm
     save_policy(tmp, llm.model, llm.tokenizer, policy.cfg)
+    if taskset is not None:
+        taskset.save(tmp / TASKS)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     if critic is not None and critic_optimizer is not None:
         critic.save(tmp / "critic.safetensors")
@@ -433,6 +439,19 @@ def write_summary(run: Path, cfg: RLConfig, state: TrainState) -> dict[str, Any]
     return summary
 
 
+def tasks_within_budget(cfg: RLConfig, used: int) -> int:
+    """Tasks to roll out this iteration so that a real-transition budget is not overrun by a whole iteration.
+
+    An episode takes at most ``max_steps`` env steps, so ``remaining // (group_size * max_steps)`` groups can
+    never exceed the budget; when not even one group is certain to fit, one group still runs (the overshoot is
+    then below ``group_size * max_steps`` transitions, and the counter reports it exactly).
+    """
+    if cfg.real_transition_budget is None:
+        return cfg.tasks_per_iter
+    remaining = cfg.real_transition_budget - used
+    return max(1, min(cfg.tasks_per_iter, remaining // (cfg.group_size * cfg.max_steps)))
+
+
 def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Console | None = None) -> dict[str, Any]:
     """Run (or resume) RL training into ``run_dir``; returns the summary written to ``RUN/summary.json``."""
     from torch.utils.tensorboard import SummaryWriter
@@ -493,7 +512,14 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
     if not train_tasks:
         raise ValueError(f"env {cfg.env!r} has no tasks in split {cfg.train_split!r}")
     # The task set: the env's tasks plus, in the dream, the curriculum's variations of high-variance tasks.
-    taskset = TaskSet.load(run / TASKS) if ckpt is not None and (run / TASKS).exists() else TaskSet(train_tasks)
+    taskset = TaskSet(train_tasks)
+    if ckpt is not None and (ckpt / TASKS).exists():
+        taskset = TaskSet.load(ckpt / TASKS)
+    if ckpt is not None and isinstance(pool, DreamEnvPool) and pool.model.buffer is not None and state.buffer_rows is not None:
+        # Synthetic transitions a killed attempt wrote after the checkpoint: the resumed run redoes that work.
+        orphans = pool.model.buffer.hide_rows(state.buffer_rows, len(pool.model.buffer))
+        if orphans:
+            console.print(f"replay buffer: {orphans} rows written after the checkpoint are hidden for this run")
     generator = _task_generator(cfg, pool)
     synthetic_share = cfg.dream.synthetic_share if cfg.dream is not None else 0.0
     writer = SummaryWriter(log_dir=str(run / "tb"), purge_step=state.iteration + 1 if ckpt else None)
@@ -512,7 +538,8 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
             it = state.iteration
 
             # 1. rollouts: G episodes of each sampled task, one batched policy call per turn
-            tasks = taskset.sample(cfg.tasks_per_iter, random.Random(int(rng.integers(MAX_SEED))), synthetic_share)
+            n_tasks = tasks_within_budget(cfg, state.real_transitions) if pool.source == "real" else cfg.tasks_per_iter
+            tasks = taskset.sample(n_tasks, random.Random(int(rng.integers(MAX_SEED))), synthetic_share)
             stats = RolloutStats()
             t0 = time.perf_counter()
             if isinstance(pool, DreamEnvPool):
@@ -598,17 +625,17 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
     return summary
 
 
-TASKS = "tasks.jsonl"
 
 
 def _save(run: Path, policy: LLMPolicy, optimizer: torch.optim.Optimizer, critic: Critic | None,
           critic_optimizer: torch.optim.Optimizer | None, rng: np.random.Generator, state: TrainState,
           taskset: TaskSet, pool: EnvPool) -> None:
-    """Checkpoint + the task set (+ the replay buffer's index snapshot in the dream)."""
-    taskset.save(run / TASKS)
+    """Checkpoint (with the task set and the replay buffer's size) + the buffer's index snapshot in the dream."""
     if isinstance(pool, DreamEnvPool) and pool.model.buffer is not None:
         pool.model.buffer.flush()
-    save_checkpoint(run, policy, optimizer, critic, critic_optimizer, rng, state)
+        state.buffer_rows = len(pool.model.buffer)
+    save_checkpoint(run, policy, optimizer, critic, critic_optimizer, rng, state, taskset)
+    taskset.save(run / TASKS)  # a readable copy of the current task set beside the checkpoint
 
 
 def _task_generator(cfg: RLConfig, pool: EnvPool) -> TaskGenerator | None:
