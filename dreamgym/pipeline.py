@@ -168,6 +168,7 @@ def run_demo(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
               "seconds": r["stage_seconds"]} for r in rows]
     (out / "table.json").write_text(json.dumps({"offline_data": data, "rows": table}, indent=2))
     plot_success_vs_real(rows, out / "success_vs_real.png")
+    plot_task_variance(out / "dreamgym" / "metrics.jsonl", out / "curriculum_variance.png")
     print_table(table, data, cfg)
     return table
 
@@ -189,6 +190,37 @@ def plot_success_vs_real(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_ylabel("test success rate (real shop)")
     ax.grid(alpha=0.3)
     ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_task_variance(metrics_path: Path, path: Path) -> None:
+    """The curriculum's group reward variance V = mean((r - mean r)^2) per iteration: one histogram column per
+    iteration (V of a reward in [0, 1] is at most 0.25), plus the share of groups with V > 0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "task_variances" in r]
+    if not rows:
+        console.print(f"[yellow]no task variances in {metrics_path}: curriculum plot skipped[/yellow]")
+        return
+    bins = np.linspace(0.0, 0.25, 11)
+    counts = np.stack([np.histogram(np.clip(r["task_variances"], 0, 0.25), bins=bins)[0] for r in rows], axis=1)
+    iterations = [r["iteration"] for r in rows]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6, 5), sharex=True, height_ratios=[3, 1])
+    image = top.imshow(counts, origin="lower", aspect="auto", cmap="viridis",
+                       extent=(iterations[0] - 0.5, iterations[-1] + 0.5, 0.0, 0.25))
+    fig.colorbar(image, ax=top, label="groups")
+    top.set_ylabel("group reward variance V")
+    bottom.plot(iterations, [float(np.mean(np.asarray(r["task_variances"]) > 0)) for r in rows], marker="o")
+    bottom.set_ylabel("share V > 0")
+    bottom.set_xlabel("iteration (DreamGym run)")
+    bottom.set_ylim(0, 1)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

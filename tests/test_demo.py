@@ -29,6 +29,9 @@ def test_micro_demo_end_to_end_and_cached_rerun(tmp_path: Path) -> None:
     dream = json.loads((out / "dreamgym" / "summary.json").read_text())
     assert dream["synthetic_transitions"] > 0 and dream["eval_transitions"] > 0
     assert (out / "success_vs_real.png").stat().st_size > 1000
+    assert (out / "curriculum_variance.png").stat().st_size > 1000
+    dream_metrics = [json.loads(line) for line in (out / "dreamgym" / "metrics.jsonl").read_text().splitlines()]
+    assert all(0 <= v <= 0.25 for m in dream_metrics for v in m["task_variances"])
     assert (out / "experience_model" / "experience.json").exists()
     assert "DreamGym-S2R" in r.stdout  # the printed table
     mtimes = {p: p.stat().st_mtime_ns for p in (out / "stages").glob("*.json")}

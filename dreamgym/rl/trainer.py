@@ -555,6 +555,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
 
             # 1b. curriculum: reward variance per group (GRPO: the task's group; PPO: a cluster of tasks), then
             # variations of the high-variance tasks join the task set
+            task_variances: list[float] = []
             if generator is not None:
                 returns = torch.tensor([e.env_return for e in episodes], dtype=torch.float64)
                 if cfg.algo == "grpo":
@@ -563,6 +564,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
                     clusters = cluster_groups(tasks, _encoder_of(pool), max(1, len(tasks) // 4), seed=it)
                     by_cluster = reward_variance(returns, [clusters[e.task.task_id] for e in episodes])
                     variances = {t.task_id: by_cluster[clusters[t.task_id]] for t in tasks}
+                task_variances = sorted(variances.values())
                 new_tasks = generator.step(variances, taskset, it, random.Random(int(rng.integers(MAX_SEED))))
                 state.synthetic_tasks += len(new_tasks)
             if cfg.save_rollouts:
@@ -585,7 +587,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
 
             # 4. log, evaluate, checkpoint
             state.seconds = time.monotonic() - started
-            metrics = {
+            metrics: dict[str, Any] = {
                 "iteration": it, "real_transitions": state.real_transitions,
                 "reward": float(np.mean([e.env_return for e in episodes])),
                 "shaped_return": float(np.mean([e.shaped_return for e in episodes])),
@@ -597,11 +599,16 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
                 "generation_s": stats.generation_s, "env_s": stats.env_s,
                 "rollout_s": rollout_s, "update_s": update_s, **losses,
             }
+            if generator is not None:
+                metrics["task_variances"] = task_variances  # the curriculum's V per group this iteration
             if eval_pool is not None and ((cfg.eval_every and it % cfg.eval_every == 0) or it == cfg.iterations):
                 result = evaluate(policy, eval_pool, cfg, state)
                 metrics.update({"eval_success": result.success_rate, "eval_reward": result.mean_reward})
             for k, v in metrics.items():
-                if k != "iteration":
+                if isinstance(v, list):
+                    if v:
+                        writer.add_histogram(k, np.asarray(v), it)
+                elif k != "iteration":
                     writer.add_scalar(k, v, it)
             with metrics_path.open("a") as f:
                 f.write(json.dumps(metrics) + "\n")
