@@ -15,6 +15,8 @@ from dreamgym.envs.base import (
 # Built-in environments are registered lazily: importing dreamgym does not import their code.
 register("shop", "dreamgym.envs.shop.env:ShopEnv")
 register("agentgym", "dreamgym.envs.agentgym:AgentGymEnv")
+register("scienceworld", "dreamgym.envs.scienceworld.env:ScienceWorldEnv")  # needs dreamgym[scienceworld] + Java
+register("textworld", "dreamgym.envs.textworld.env:TextWorldEnv")  # needs dreamgym[textworld]
 
 __all__ = [
     "Element",

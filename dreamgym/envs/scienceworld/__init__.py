@@ -1,0 +1,1 @@
+"""ScienceWorld as a dreamgym env: ``make("scienceworld", task=...)``; needs ``dreamgym[scienceworld]`` and Java."""

@@ -1,0 +1,75 @@
+"""The TextWorld state mapper: a game state -> the compact abstract state a small model reads and writes.
+
+Format (one element per line after a header)::
+
+    location: Kitchen
+    [f] feedback: You open the fridge, revealing a milk.
+    [i1] carrying: a red hot pepper
+    [c1] command: close fridge
+    [c2] command: go north
+    ...
+
+* ``feedback`` is the game's last message with the ASCII banner, the ``-= Room =-`` title and runs of
+  whitespace removed, cut to ``max_text`` characters (the room text after ``look``/``go`` is long and mostly
+  flavour; the commands carry its actionable content).
+* ``command`` elements are the admissible commands, capped at ``max_commands``: when there are more, the
+  ``examine X`` commands (information only) are dropped first, then the list is cut in TextWorld's own
+  (alphabetical) order. ``look`` and ``inventory`` are always dropped — the state already shows both.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from dreamgym.envs.base import Element, format_elements
+
+ROOM_TITLE_RE = re.compile(r"-=\s*(.*?)\s*=-")
+BANNER_CHARS = set("_|$\\/<> \t")
+PROMPT_RE = re.compile(r"\s*>\s*(-?\d+/\d+)?\s*$")  # the interpreter's trailing "> score/moves" prompt
+COMMAND_RE = re.compile(r"^\[c\d+\] command: (.+)$", re.MULTILINE)
+REDUNDANT_COMMANDS = {"look", "inventory"}
+
+
+def clean_text(text: str, max_chars: int) -> str:
+    """One line: no ASCII-art banner lines, no room title, single spaces, at most ``max_chars``."""
+    lines = [ln for ln in text.splitlines() if ln.strip() and not set(ln) <= BANNER_CHARS]
+    flat = PROMPT_RE.sub("", " ".join(ROOM_TITLE_RE.sub(" ", " ".join(lines)).split()))
+    return flat if len(flat) <= max_chars else flat[: max_chars - 1].rstrip() + "…"
+
+
+def room_name(description: str) -> str | None:
+    """The room's name from its ``-= Kitchen =-`` title (None if the text has none)."""
+    match = ROOM_TITLE_RE.search(description)
+    return match.group(1) if match else None
+
+
+def inventory_items(inventory: str) -> list[str]:
+    """``"You are carrying:\\n  a milk\\n  a knife"`` -> ``["a milk", "a knife"]`` (``[]`` when empty-handed)."""
+    lines = [ln.strip() for ln in inventory.splitlines() if ln.strip()]
+    if not lines or "nothing" in lines[0].lower():
+        return []
+    items = lines[1:] if lines[0].rstrip().endswith(":") else []
+    return [" ".join(item.split()) for item in items]
+
+
+def shown_commands(admissible: Sequence[str], max_commands: int) -> list[str]:
+    """The admissible commands the state lists (see the module docstring for the capping rule)."""
+    commands = [c for c in admissible if c not in REDUNDANT_COMMANDS]
+    if len(commands) > max_commands:
+        acting = [c for c in commands if not c.startswith("examine ")]
+        commands = (acting + [c for c in commands if c.startswith("examine ")])[:max_commands]
+    return commands
+
+
+def abstract_state(location: str | None, feedback: str, inventory: str, commands: Sequence[str], max_text: int) -> str:
+    """Render the abstract state (see the module docstring)."""
+    elements = [Element("f", "feedback", clean_text(feedback, max_text) or "(nothing happens)")]
+    elements += [Element(f"i{k}", "carrying", item) for k, item in enumerate(inventory_items(inventory), 1)]
+    elements += [Element(f"c{k}", "command", cmd) for k, cmd in enumerate(commands, 1)]
+    return format_elements(elements, header=f"location: {location or 'unknown'}")
+
+
+def commands_in_state(state: str) -> list[str]:
+    """The commands an abstract state lists, plus ``look``/``inventory`` (always admissible)."""
+    return [*COMMAND_RE.findall(state), *sorted(REDUNDANT_COMMANDS)]

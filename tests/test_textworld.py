@@ -1,0 +1,97 @@
+"""TextWorld env (dreamgym[textworld]): generated tw-cooking games behind the dreamgym contract."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("textworld", reason="the textworld extra is not installed: pip install 'dreamgym[textworld]'")
+
+from dreamgym.collect import evaluate, run_episode
+from dreamgym.envs import make
+from dreamgym.envs.checker import check_env
+from dreamgym.envs.textworld.env import TextWorldEnv
+from dreamgym.envs.textworld.games import GameSpec
+from dreamgym.envs.textworld.state import clean_text, inventory_items, shown_commands
+from dreamgym.types import Task
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tw-games")
+
+
+@pytest.fixture(scope="module")
+def env(cache_dir: Path) -> Iterator[TextWorldEnv]:
+    env = make("textworld", num_train_games=3, num_test_games=2, cache_dir=str(cache_dir))
+    assert isinstance(env, TextWorldEnv)
+    yield env
+    env.close()
+
+
+def test_contract(env: TextWorldEnv) -> None:
+    check_env(env, episodes=2)
+
+
+def test_splits_are_disjoint_generated_games_cached_once(env: TextWorldEnv, cache_dir: Path) -> None:
+    train, test = env.tasks("train"), env.tasks("test")
+    assert len(train) == 3 and len(test) == 2
+    assert {t.goal["seed"] for t in train}.isdisjoint({t.goal["seed"] for t in test})
+    games = sorted(cache_dir.rglob("*.z8"))
+    assert len(games) == 5 and not list(cache_dir.rglob(".gen-*"))  # no half-written games left
+    mtimes = [g.stat().st_mtime_ns for g in games]
+    again = TextWorldEnv(num_train_games=3, num_test_games=2, cache_dir=str(cache_dir))
+    assert again.tasks("train") == train  # same tasks, read from the cache...
+    assert [g.stat().st_mtime_ns for g in games] == mtimes  # ...without regenerating
+    assert GameSpec.create("tw-cooking", None, 0).path(cache_dir) in games
+    assert "ingredients:" in train[0].instruction
+
+
+def test_oracle_replays_task_exactly_and_succeeds(env: TextWorldEnv) -> None:
+    task = env.tasks("test")[0]
+    first = run_episode(env, env.scripted_policy("oracle"), task)
+    second = run_episode(env, env.scripted_policy("oracle"), Task.model_validate(task.model_dump()))
+    assert first.success and first.total_reward == 1.0
+    assert [x.state for x in first.transitions] == [x.state for x in second.transitions]
+    assert first.transitions[-1].done and all(x.reward == 0.0 for x in first.transitions[:-1])
+
+
+def test_noisy_and_random_policies(env: TextWorldEnv) -> None:
+    noisy = evaluate(env, env.scripted_policy("noisy", seed=1, noise=0.3), episodes=3, split="train")
+    assert noisy.success_rate > 0 and noisy.invalid_action_rate == 0.0
+    rand = evaluate(env, env.scripted_policy("random", seed=1), episodes=2, split="train")
+    assert rand.invalid_action_rate == 0.0
+    with pytest.raises(ValueError, match="noise"):
+        env.scripted_policy("noisy", noise=2.0)
+
+
+def test_invalid_command_keeps_state_and_abstract_state_grammar(env: TextWorldEnv) -> None:
+    obs, info = env.reset(options={"task": env.tasks("train")[0]})
+    assert obs.startswith("location: ") and "[f] feedback: " in obs and "$$" not in obs
+    assert env.admissible_for_state(obs) == info["admissible_actions"]
+    assert env.action_valid_for_state(obs, info["admissible_actions"][0]) is True
+    assert env.action_valid_for_state(obs, "fly to the moon") is False
+    obs2, reward, terminated, _, info2 = env.step("fly to the moon")
+    assert (obs2, reward, terminated, info2["invalid_action"]) == (obs, 0.0, False, True)
+    assert info2["admissible_actions"] == info["admissible_actions"]
+
+
+def test_state_mapper_helpers() -> None:
+    assert clean_text("-= Kitchen =-\nYou are   here.\n\n> 0/3", 100) == "You are here."
+    assert clean_text("x" * 50, 10) == "x" * 9 + "…"
+    assert inventory_items("You are carrying:\n  a milk\n  a knife\n") == ["a milk", "a knife"]
+    assert inventory_items("You are carrying nothing.\n") == []
+    many = [f"examine thing{i}" for i in range(5)] + ["go north", "look", "take milk"]
+    assert shown_commands(many, 3) == ["go north", "take milk", "examine thing0"]
+
+
+def test_bad_settings_and_split(cache_dir: Path) -> None:
+    env = TextWorldEnv(challenge="tw-nope", num_train_games=1, num_test_games=1, cache_dir=str(cache_dir))
+    with pytest.raises(ValueError, match="unknown TextWorld challenge"):
+        env.tasks("train")
+    with pytest.raises(ValueError, match="unknown split"):
+        env.tasks("valid")
+    with pytest.raises(ValueError, match="overlaps"):
+        TextWorldEnv(num_train_games=10, test_seed_offset=5)
