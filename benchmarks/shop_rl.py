@@ -32,6 +32,7 @@ import torch
 
 from dreamgym.agent.policy import PolicyConfig
 from dreamgym.baselines import train_bc
+from dreamgym.cli.train import parse_overrides
 from dreamgym.collect import iter_episodes
 from dreamgym.envs import make
 from dreamgym.rl.trainer import RLConfig, train
@@ -97,6 +98,9 @@ def main() -> None:
     ap.add_argument("--init", type=Path, default=None,
                     help="an existing SFT policy run dir to start from (skips the data and SFT stages)")
     ap.add_argument("--temperature", type=float, default=1.0, help="RL sampling temperature")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="any other RLConfig field, e.g. --set normalize_std=false --set turn_weighting=episode")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="results JSON")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -119,6 +123,7 @@ def main() -> None:
         "group_size": args.group_size, "lr": args.lr, "temperature": args.temperature, "max_steps": args.max_steps,
         "minibatch_size": args.minibatch_size, "kl_coef": 0.0, "eval_every": args.eval_every,
         "eval_episodes": args.eval_episodes, "save_every": 1, "num_threads": args.threads,
+        **parse_overrides(args.overrides),
     }
     runs: dict[str, list[dict[str, Any]]] = {}
     for algo in args.algos.split(","):
@@ -160,9 +165,9 @@ def main() -> None:
                                         ("parameters", "examples", "steps", "train_loss", "real_transitions")}},
         "rl_config": base, "runs": runs, "summary": summary, "seconds": round(time.monotonic() - t0, 1),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2))
-    print(f"wrote {RESULTS}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2))
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
