@@ -11,10 +11,11 @@ the report measure the resulting success.
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 from dreamgym.envs.base import RandomPolicy, ScriptedPolicy, TextEnv
+from dreamgym.envs.policies import NoisyPolicy as BaseNoisyPolicy
+from dreamgym.envs.policies import make_policy as make_env_policy
 from dreamgym.types import Task
 
 HARMLESS_PREFIXES = ("look around", "inventory", "look at ", "look in ", "go to ")
@@ -48,40 +49,29 @@ class OraclePolicy:
         return self.plan[self.position - 1]
 
 
-class NoisyPolicy:
+class NoisyPolicy(BaseNoisyPolicy):
     """The oracle with probability ``1 - noise``, else a random harmless detour it can recover from."""
 
-    name = "noisy"
+    oracle: OraclePolicy
 
     def __init__(self, seed: int = 0, noise: float = 0.3) -> None:
-        if not 0.0 <= noise <= 1.0:
-            raise ValueError(f"noise must be in [0, 1], got {noise}")
-        self.noise = noise
-        self.rng = random.Random(seed)
-        self.oracle = OraclePolicy(seed=seed)
+        super().__init__(OraclePolicy(seed=seed), noise=noise, seed=seed)
 
-    def reset(self, env: TextEnv, task: Task | None) -> None:
-        self.oracle.reset(env, task)
-
-    def act(self, obs: str, info: dict[str, Any]) -> str:
+    def detours(self, info: dict[str, Any]) -> list[str]:
+        if self.oracle.return_to is not None:  # still undoing the last detour
+            return []
         harmless = [a for a in info.get("admissible_actions") or [] if a.startswith(HARMLESS_PREFIXES)]
         if "location" not in info:  # a detour through a door can only be undone from a known room
             harmless = [a for a in harmless if not a.startswith("go to ")]
-        if self.oracle.return_to is None and harmless and self.rng.random() < self.noise:
-            action = str(self.rng.choice(harmless))
-            if action.startswith("go to "):
-                self.oracle.return_to = str(info.get("location"))
-            return action
-        return self.oracle.act(obs, info)
+        return harmless
+
+    def take_detour(self, action: str, info: dict[str, Any]) -> str:
+        if action.startswith("go to "):
+            self.oracle.return_to = str(info.get("location"))
+        return action
 
 
 def make_policy(name: str, seed: int = 0, **kwargs: Any) -> ScriptedPolicy:
     """A ScienceWorld policy by name; ``kwargs`` go to its constructor (``noise=0.3`` for ``noisy``)."""
-    policies: dict[str, Any] = {"oracle": OraclePolicy, "noisy": NoisyPolicy, "random": RandomPolicy}
-    if name not in policies:
-        raise ValueError(f"scienceworld has no scripted policy {name!r} (has: {', '.join(policies)})")
-    try:
-        policy: ScriptedPolicy = policies[name](seed=seed, **kwargs)
-    except TypeError as e:
-        raise ValueError(f"bad arguments for scienceworld policy {name!r}: {e}") from None
-    return policy
+    return make_env_policy("scienceworld", {"oracle": OraclePolicy, "noisy": NoisyPolicy, "random": RandomPolicy},
+                           name, seed, **kwargs)

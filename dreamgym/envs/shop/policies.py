@@ -7,10 +7,11 @@ queries it has already tried — so it recovers from the random detours the nois
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 from dreamgym.envs.base import RandomPolicy, ScriptedPolicy, TextEnv
+from dreamgym.envs.policies import NoisyPolicy as BaseNoisyPolicy
+from dreamgym.envs.policies import make_policy as make_env_policy
 from dreamgym.envs.shop.reward import ShopGoal, satisfies
 from dreamgym.types import Task
 
@@ -76,36 +77,15 @@ class OraclePolicy:
         return "click[< prev]"  # description / features
 
 
-class NoisyPolicy:
+class NoisyPolicy(BaseNoisyPolicy):
     """The oracle, except that at each step with probability ``noise`` it takes a uniformly random admissible
     action instead: a realistic mix of successes and failures for offline data."""
 
-    name = "noisy"
-
     def __init__(self, seed: int = 0, noise: float = 0.3, scan_pages: int = 2) -> None:
-        if not 0.0 <= noise <= 1.0:
-            raise ValueError(f"noise must be in [0, 1], got {noise}")
-        self.noise = noise
-        self.rng = random.Random(seed)
-        self.oracle = OraclePolicy(seed=seed, scan_pages=scan_pages)
-
-    def reset(self, env: TextEnv, task: Task | None) -> None:
-        self.oracle.reset(env, task)
-
-    def act(self, obs: str, info: dict[str, Any]) -> str:
-        actions = info.get("admissible_actions") or []
-        if actions and self.rng.random() < self.noise:
-            return str(self.rng.choice(actions))
-        return self.oracle.act(obs, info)
+        super().__init__(OraclePolicy(seed=seed, scan_pages=scan_pages), noise=noise, seed=seed)
 
 
 def make_policy(name: str, seed: int = 0, **kwargs: Any) -> ScriptedPolicy:
     """A shop policy by name; ``kwargs`` go to its constructor (e.g. ``noise=0.3`` for ``noisy``)."""
-    policies: dict[str, Any] = {"oracle": OraclePolicy, "noisy": NoisyPolicy, "random": RandomPolicy}
-    if name not in policies:
-        raise ValueError(f"shop has no scripted policy {name!r} (has: {', '.join(policies)})")
-    try:
-        policy: ScriptedPolicy = policies[name](seed=seed, **kwargs)
-    except TypeError as e:
-        raise ValueError(f"bad arguments for shop policy {name!r}: {e}") from None
-    return policy
+    return make_env_policy("shop", {"oracle": OraclePolicy, "noisy": NoisyPolicy, "random": RandomPolicy}, name, seed,
+                           **kwargs)

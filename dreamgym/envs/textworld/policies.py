@@ -8,10 +8,11 @@ detour loses the game, e.g. eating the wrong item: a realistic failure).
 from __future__ import annotations
 
 import logging
-import random
 from typing import Any
 
 from dreamgym.envs.base import RandomPolicy, ScriptedPolicy, TextEnv
+from dreamgym.envs.policies import NoisyPolicy as BaseNoisyPolicy
+from dreamgym.envs.policies import make_policy as make_env_policy
 from dreamgym.types import Task
 
 logger = logging.getLogger(__name__)
@@ -42,35 +43,14 @@ class OraclePolicy:
         return plan[0]
 
 
-class NoisyPolicy:
+class NoisyPolicy(BaseNoisyPolicy):
     """The oracle, except that with probability ``noise`` a step is a uniformly random admissible action."""
 
-    name = "noisy"
-
     def __init__(self, seed: int = 0, noise: float = 0.3) -> None:
-        if not 0.0 <= noise <= 1.0:
-            raise ValueError(f"noise must be in [0, 1], got {noise}")
-        self.noise = noise
-        self.rng = random.Random(seed)
-        self.oracle = OraclePolicy(seed=seed)
-
-    def reset(self, env: TextEnv, task: Task | None) -> None:
-        self.oracle.reset(env, task)
-
-    def act(self, obs: str, info: dict[str, Any]) -> str:
-        actions = info.get("admissible_actions") or []
-        if actions and self.rng.random() < self.noise:
-            return str(self.rng.choice(actions))
-        return self.oracle.act(obs, info)
+        super().__init__(OraclePolicy(seed=seed), noise=noise, seed=seed)
 
 
 def make_policy(name: str, seed: int = 0, **kwargs: Any) -> ScriptedPolicy:
     """A TextWorld policy by name; ``kwargs`` go to its constructor (``noise=0.3`` for ``noisy``)."""
-    policies: dict[str, Any] = {"oracle": OraclePolicy, "noisy": NoisyPolicy, "random": RandomPolicy}
-    if name not in policies:
-        raise ValueError(f"textworld has no scripted policy {name!r} (has: {', '.join(policies)})")
-    try:
-        policy: ScriptedPolicy = policies[name](seed=seed, **kwargs)
-    except TypeError as e:
-        raise ValueError(f"bad arguments for textworld policy {name!r}: {e}") from None
-    return policy
+    return make_env_policy("textworld", {"oracle": OraclePolicy, "noisy": NoisyPolicy, "random": RandomPolicy}, name,
+                           seed, **kwargs)
