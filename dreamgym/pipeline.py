@@ -1,11 +1,13 @@
-"""The DreamGym pipeline on the built-in shop, stage by stage, each cached in the run directory.
+"""The DreamGym pipeline on any registered env (the built-in shop by default), stage by stage, each cached in
+the run directory.
 
-    collect offline data → annotate (rule) → train M_exp → SFT warm start → GRPO-real → DreamGym (dream GRPO)
-    → DreamGym-S2R → Table 1 (table.json) + success-vs-real-transitions plot
+    collect offline data → annotate (rule) → train M_exp → [fidelity of M_exp] → SFT warm start → GRPO-real
+    → DreamGym (dream GRPO) → DreamGym-S2R → Table 1 (table.json) + success-vs-real-transitions plot
 
 A stage is done when its output marker exists; rerunning the demo skips it, and an interrupted training stage
-resumes from its own checkpoint. Every number in the table is measured here, on the shop's held-out test
-tasks, with the real transitions each method consumed (offline data counted apart, as in the paper).
+resumes from its own checkpoint. Every number in the table is measured here, on the env's held-out test
+tasks, with the real transitions each method consumed (offline data counted apart, as in the paper). The
+optional fidelity stage (``heldout_episodes > 0``) scores M_exp on noisy-oracle episodes of the test tasks.
 """
 
 from __future__ import annotations
@@ -17,23 +19,48 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
 console = Console(stderr=True)
 
+# What an env needs when the config does not say: its constructor arguments, the policy's prompt options
+# (search[<instruction>] is a shop action) and the dream's task generator (rule variations exist for the shop
+# only, see dreamgym.curriculum.generator.RULE_OPERATORS; "none" elsewhere).
+SHOP_DEFAULTS: dict[str, Any] = {
+    "env_kwargs": {"num_products": 1000},
+    "policy": {"action_format": "index", "offer_task_search": True},
+    "dream": {"task_generator": "rule", "synthetic_share": 0.25},
+}
+OTHER_ENV_DEFAULTS: dict[str, Any] = {
+    "env_kwargs": {},
+    "policy": {"action_format": "index", "offer_task_search": False},
+    "dream": {"task_generator": "none", "synthetic_share": 0.0},
+}
+# The fidelity figures kept in table.json and printed under the table (all of them: RUN/fidelity.json).
+FIDELITY_KEYS = ("transitions", "reward_accuracy", "terminal_reward_accuracy", "terminal_reward_majority_baseline",
+                 "done_accuracy", "invalid_output_rate", "next_state_f1", "epsilon_p", "reasoning_exact")
+
 
 class DemoConfig(BaseModel):
-    """All the demo's knobs; ``PROFILES`` holds the presets (``--profile``), ``--set`` overrides fields."""
+    """All the demo's knobs; ``PROFILES`` holds the presets (``--profile``), ``--config``/``--set`` override fields.
+    ``env_kwargs``, ``policy`` and ``dream`` default per env (:data:`SHOP_DEFAULTS`, :data:`OTHER_ENV_DEFAULTS`);
+    dict fields are replaced whole, not merged."""
 
     model_config = ConfigDict(extra="forbid")
 
-    num_products: int = 1000
+    env: str = "shop"
+    env_kwargs: dict[str, Any] = Field(default_factory=dict)
     seed: int = 0
     offline_episodes: int = 3000
     noise: float = 0.3
     eval_episodes: int = 200
+    max_steps: int = Field(default=15, ge=1, description="SFT evaluation episode length (RL: rl.max_steps)")
+    eval_num_envs: int = Field(default=64, ge=1, description="env instances of the SFT evaluation (a JVM each "
+                               "for ScienceWorld)")
+    heldout_episodes: int = Field(default=0, ge=0, description="test-split noisy-oracle episodes the fidelity "
+                                  "stage scores M_exp on (0: no fidelity stage)")
     # experience model
     exp_model: str = "small"
     exp_protocol: dict[str, Any] = Field(default_factory=lambda: {"k": 1, "neighbour_states": False,
@@ -42,19 +69,28 @@ class DemoConfig(BaseModel):
                                                              "time_budget_s": 900, "num_threads": 2})
     # policy
     policy_model: str = "micro"
+    policy: dict[str, Any] = Field(default_factory=dict, description="PolicyConfig fields")
     sft: dict[str, Any] = Field(default_factory=lambda: {"epochs": 2, "learning_rate": 3e-3, "batch_size": 32,
                                                          "time_budget_s": 600, "num_threads": 1})
     rl: dict[str, Any] = Field(default_factory=lambda: {"iterations": 10, "tasks_per_iter": 8, "group_size": 8,
                                                         "lr": 5e-5, "eval_every": 5, "num_threads": 2})
-    dream: dict[str, Any] = Field(default_factory=lambda: {"task_generator": "rule", "synthetic_share": 0.25})
+    dream: dict[str, Any] = Field(default_factory=dict, description="DreamConfig fields")
     dream_iterations: int = 10
     s2r_share: float = Field(default=0.1, gt=0, le=1, description="S2R budget / GRPO-real's real transitions")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _env_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            defaults = SHOP_DEFAULTS if data.get("env", "shop") == "shop" else OTHER_ENV_DEFAULTS
+            data = {**{k: v for k, v in defaults.items() if k not in data}, **data}
+        return data
 
 
 PROFILES: dict[str, dict[str, Any]] = {
     "default": {},
     "micro": {
-        "num_products": 100, "offline_episodes": 60, "eval_episodes": 20,
+        "env_kwargs": {"num_products": 100}, "offline_episodes": 60, "eval_episodes": 20,
         "exp_model": "micro", "exp_sft": {"epochs": 1, "learning_rate": 3e-3, "batch_size": 16, "num_threads": 2},
         "policy_model": "micro", "sft": {"epochs": 2, "learning_rate": 3e-3, "batch_size": 16, "num_threads": 2},
         "rl": {"iterations": 2, "tasks_per_iter": 2, "group_size": 2, "eval_every": 0, "num_threads": 2,
@@ -65,10 +101,25 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 
 
-def demo_config(profile: str, overrides: dict[str, Any] | None = None) -> DemoConfig:
+def demo_config(profile: str, overrides: dict[str, Any] | None = None, config: Path | None = None) -> DemoConfig:
+    """The profile's fields, then the YAML ``config`` file's, then ``overrides`` (each replaces whole fields)."""
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
-    return DemoConfig.model_validate({**PROFILES[profile], **(overrides or {})})
+    from_file: dict[str, Any] = {}
+    if config is not None:
+        try:
+            loaded = yaml.safe_load(config.read_text())
+        except yaml.YAMLError as e:
+            raise ValueError(f"{config}: not valid YAML: {str(e).splitlines()[0]}") from None
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{config}: a demo config is a YAML mapping of DemoConfig fields")
+        from_file = loaded
+    given = {**from_file, **(overrides or {})}
+    profile_fields = PROFILES[profile]
+    if given.get("env", "shop") != "shop":  # the profile's shop fields give way to the other env's defaults
+        profile_fields = {k: v for k, v in profile_fields.items() if k not in SHOP_DEFAULTS}
+    fields = {**profile_fields, **given}
+    return DemoConfig.model_validate(fields)
 
 
 def _stage(name: str, marker: Path, run: Callable[[], Any]) -> Any:
@@ -85,149 +136,137 @@ def _stage(name: str, marker: Path, run: Callable[[], Any]) -> Any:
     return result
 
 
+def collect_episodes(cfg: DemoConfig, path: Path, episodes: int, split: str, seed: int) -> dict[str, Any]:
+    """Append noisy-oracle episodes of ``split`` to ``path`` until it holds ``episodes``; summarise the file."""
+    from dreamgym.collect import iter_episodes
+    from dreamgym.envs import make
+    from dreamgym.types import JsonlWriter, read_jsonl
+
+    have = sum(1 for _ in read_jsonl(path)) if path.exists() else 0
+    env = make(cfg.env, **cfg.env_kwargs)
+    try:
+        policy = env.scripted_policy("noisy", seed=seed, noise=cfg.noise)
+        with JsonlWriter(path) as w:
+            for traj in iter_episodes(env, policy, episodes, split, seed, skip=have):
+                w.write(traj)
+    finally:
+        env.close()
+    trajs = list(read_jsonl(path))
+    return {"trajectories": len(trajs), "transitions": sum(t.num_steps for t in trajs),
+            "success_rate": sum(t.success for t in trajs) / len(trajs)}
+
+
+def annotate(source: Path, target: Path) -> dict[str, Any]:
+    from dreamgym.experience.annotate import RuleAnnotator, annotate_file
+
+    progress = annotate_file([source], RuleAnnotator(), target)
+    return {"written": progress.written, "skipped": progress.skipped, **progress.stats.as_dict()}
+
+
+def fidelity(cfg: DemoConfig, out: Path, exp_dir: Path) -> dict[str, Any]:
+    """M_exp's fidelity report (teacher-forced) on annotated held-out real episodes; the full one in fidelity.json."""
+    import torch
+
+    from dreamgym.experience.fidelity import evaluate_experience_model
+    from dreamgym.experience.model import ExperienceModel
+    from dreamgym.types import read_trajectories
+
+    heldout, annotated = out / "heldout.jsonl", out / "heldout_annotated.jsonl"
+    data = collect_episodes(cfg, heldout, cfg.heldout_episodes, "test", cfg.seed + 1)
+    if not annotated.exists():
+        annotate(heldout, annotated)
+    buffer = None
+    if (out / "buffer").is_dir():
+        from dreamgym.replay import ReplayBuffer
+
+        buffer = ReplayBuffer.open(out / "buffer", create=False, read_only=True)
+    torch.set_num_threads(int(cfg.exp_sft.get("num_threads") or 1))
+    report = evaluate_experience_model(ExperienceModel.load(exp_dir, buffer=buffer), list(read_trajectories(annotated)),
+                                       seed=cfg.seed, show=3)
+    (out / "fidelity.json").write_text(json.dumps(report, indent=2))
+    return {"heldout": data, **{k: report.get(k) for k in FIDELITY_KEYS}}
+
+
 def run_demo(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
     from dreamgym.agent.policy import PolicyConfig, load_policy
     from dreamgym.baselines.sft import train_bc
-    from dreamgym.collect import iter_episodes
-    from dreamgym.envs import make
     from dreamgym.eval import evaluate_policy
-    from dreamgym.experience.annotate import RuleAnnotator, annotate_file
     from dreamgym.experience.protocol import ProtocolConfig
     from dreamgym.experience.train import train_experience_model
+    from dreamgym.plots import plot_success_vs_real, plot_task_variance
     from dreamgym.rl.envpool import env_factory
     from dreamgym.rl.trainer import RLConfig, train
     from dreamgym.train.sft import SFTConfig
-    from dreamgym.types import JsonlWriter, read_jsonl
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo_config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
-    env_kwargs = {"num_products": cfg.num_products}
-    env = make("shop", **env_kwargs)
-    offline = out / "offline.jsonl"
-    annotated = out / "offline_annotated.jsonl"
+    env = cfg.env
+    offline, annotated, exp_dir, sft_dir = out / "offline.jsonl", out / "offline_annotated.jsonl", out / "experience_model", out / "sft"
+    total = 8 if cfg.heldout_episodes else 7
+    numbered = iter(f"{i}/{total}" for i in range(1, total + 1))
 
-    def collect() -> dict[str, Any]:
-        have = sum(1 for _ in read_jsonl(offline)) if offline.exists() else 0
-        policy = env.scripted_policy("noisy", seed=cfg.seed, noise=cfg.noise)
-        with JsonlWriter(offline) as w:
-            for traj in iter_episodes(env, policy, cfg.offline_episodes, "train", cfg.seed, skip=have):
-                w.write(traj)
-        trajs = list(read_jsonl(offline))
-        return {"trajectories": len(trajs), "transitions": sum(t.num_steps for t in trajs),
-                "success_rate": sum(t.success for t in trajs) / len(trajs)}
-
-    data = _stage("1/7 collect offline data (noisy oracle)", out / "stages/collect.json", collect)
-
-    def annotate() -> dict[str, Any]:
-        progress = annotate_file([offline], RuleAnnotator(), annotated)
-        return {"written": progress.written, "skipped": progress.skipped, **progress.stats.as_dict()}
-
-    _stage("2/7 annotate reasoning (rule-based)", out / "stages/annotate.json", annotate)
-    exp_dir = out / "experience_model"
-    _stage("3/7 train the experience model", out / "stages/train_exp.json", lambda: train_experience_model(
+    data = _stage(f"{next(numbered)} collect offline data (noisy oracle)", out / "stages/collect.json",
+                  lambda: collect_episodes(cfg, offline, cfg.offline_episodes, "train", cfg.seed))
+    _stage(f"{next(numbered)} annotate reasoning (rule-based)", out / "stages/annotate.json",
+           lambda: annotate(offline, annotated))
+    _stage(f"{next(numbered)} train the experience model", out / "stages/train_exp.json", lambda: train_experience_model(
         [annotated], cfg.exp_model, exp_dir, ProtocolConfig(**cfg.exp_protocol), SFTConfig(**cfg.exp_sft),
         buffer_dir=out / "buffer", seed=cfg.seed))
+    fid = None
+    if cfg.heldout_episodes:  # before the dream stage, which adds its rollouts to the buffer
+        fid = _stage(f"{next(numbered)} fidelity of the experience model (held-out real transitions)",
+                     out / "stages/fidelity.json", lambda: fidelity(cfg, out, exp_dir))
 
     # Tiny policies answer option numbers (index actions); see dreamgym.agent.policy.
-    policy_cfg = PolicyConfig(action_format="index", offer_task_search=True)
-    sft_dir = out / "sft"
+    policy_cfg = PolicyConfig(**cfg.policy)
 
     def sft() -> dict[str, Any]:
         if not (sft_dir / "summary.json").exists():
             train_bc([offline], cfg.policy_model, sft_dir, SFTConfig(**cfg.sft), policy_cfg)
         t0 = time.monotonic()
-        res = evaluate_policy(load_policy(sft_dir), env_factory("shop", **env_kwargs), "test", cfg.eval_episodes,
-                              seed=cfg.seed)
+        res = evaluate_policy(load_policy(sft_dir), env_factory(env, **cfg.env_kwargs), "test", cfg.eval_episodes,
+                              seed=cfg.seed, max_steps=cfg.max_steps, num_envs=cfg.eval_num_envs)
         return {"method": "SFT", "real_transitions": 0, **res.to_dict(), "seconds": round(time.monotonic() - t0, 1)}
 
-    rows = [_stage("4/7 SFT warm start (behaviour cloning)", out / "stages/sft.json", sft)]
+    rows = [_stage(f"{next(numbered)} SFT warm start (behaviour cloning)", out / "stages/sft.json", sft)]
 
     def rl_stage(name: str, run_dir: Path, overrides: dict[str, Any]) -> dict[str, Any]:
-        rl_cfg = RLConfig.model_validate({**cfg.rl, "env": "shop", "env_kwargs": env_kwargs, "seed": cfg.seed,
-                                          "eval_episodes": cfg.eval_episodes, **overrides})
+        rl_cfg = RLConfig.model_validate({"max_steps": cfg.max_steps, **cfg.rl, "env": env, "env_kwargs": cfg.env_kwargs,
+                                          "seed": cfg.seed, "eval_episodes": cfg.eval_episodes, **overrides})
         resume = (run_dir / "checkpoint").exists() or (run_dir / "checkpoint.old").exists()
         s = train(rl_cfg, run_dir, resume=resume, console=console)
         return {"method": name, "real_transitions": s["real_transitions"], "episodes": s["eval_episodes"],
                 "success_rate": s["success_rate"], "mean_reward": s["mean_reward"], "seconds": s["seconds"],
                 "synthetic_transitions": s.get("synthetic_transitions", 0), "evals": s["evals"]}
 
-    grpo = _stage("5/7 GRPO in the real shop", out / "stages/grpo_real.json",
+    grpo = _stage(f"{next(numbered)} GRPO in the real {env}", out / "stages/grpo_real.json",
                   lambda: rl_stage("GRPO (real)", out / "grpo_real", {"init": str(sft_dir)}))
     dream_cfg = {**cfg.dream, "experience_model": str(exp_dir), "buffer": str(out / "buffer"),
                  "offline_data": [str(offline)]}
-    dreamgym = _stage("6/7 DreamGym: GRPO in the dream (0 real transitions)", out / "stages/dreamgym.json",
+    dreamgym = _stage(f"{next(numbered)} DreamGym: GRPO in the dream (0 real transitions)", out / "stages/dreamgym.json",
                       lambda: rl_stage("DreamGym", out / "dreamgym",
                                        {"init": str(sft_dir), "dream": dream_cfg, "iterations": cfg.dream_iterations}))
     budget = max(1, int(cfg.s2r_share * max(grpo["real_transitions"], 1)))
-    s2r = _stage("7/7 DreamGym-S2R: continue in the real shop", out / "stages/s2r.json",
+    s2r = _stage(f"{next(numbered)} DreamGym-S2R: continue in the real {env}", out / "stages/s2r.json",
                  lambda: rl_stage("DreamGym-S2R", out / "s2r",
                                   {"init": str(out / "dreamgym"), "real_transition_budget": budget}))
     rows += [grpo, dreamgym, s2r]
     # seconds: the whole stage (training + evaluation) as first run
     table = [{**{k: r[k] for k in ("method", "real_transitions", "success_rate", "mean_reward")},
               "seconds": r["stage_seconds"]} for r in rows]
-    (out / "table.json").write_text(json.dumps({"offline_data": data, "rows": table}, indent=2))
-    plot_success_vs_real(rows, out / "success_vs_real.png")
+    summary: dict[str, Any] = {"env": env, "env_kwargs": cfg.env_kwargs, "offline_data": data, "rows": table}
+    if fid is not None:
+        summary["fidelity"] = fid
+    (out / "table.json").write_text(json.dumps(summary, indent=2))
+    plot_success_vs_real(rows, out / "success_vs_real.png", env)
     plot_task_variance(out / "dreamgym" / "metrics.jsonl", out / "curriculum_variance.png")
-    print_table(table, data, cfg)
+    print_table(table, data, cfg, fid)
     return table
 
 
-def plot_success_vs_real(rows: list[dict[str, Any]], path: Path) -> None:
-    """Success in the real env vs real transitions used, per method (evaluations along the way)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for r in rows:
-        evals = r.get("evals") or [{"real_transitions": r["real_transitions"], "success_rate": r["success_rate"]}]
-        xs = [e["real_transitions"] for e in evals]
-        ys = [e["success_rate"] for e in evals]
-        ax.plot(xs, ys, marker="o", label=r["method"])
-    ax.set_xlabel("real transitions used in RL (offline data excluded)")
-    ax.set_ylabel("test success rate (real shop)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_task_variance(metrics_path: Path, path: Path) -> None:
-    """The curriculum's group reward variance V = mean((r - mean r)^2) per iteration: one histogram column per
-    iteration (V of a reward in [0, 1] is at most 0.25), plus the share of groups with V > 0."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if "task_variances" in r]
-    if not rows:
-        console.print(f"[yellow]no task variances in {metrics_path}: curriculum plot skipped[/yellow]")
-        return
-    bins = np.linspace(0.0, 0.25, 11)
-    counts = np.stack([np.histogram(np.clip(r["task_variances"], 0, 0.25), bins=bins)[0] for r in rows], axis=1)
-    iterations = [r["iteration"] for r in rows]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6, 5), sharex=True, height_ratios=[3, 1])
-    image = top.imshow(counts, origin="lower", aspect="auto", cmap="viridis",
-                       extent=(iterations[0] - 0.5, iterations[-1] + 0.5, 0.0, 0.25))
-    fig.colorbar(image, ax=top, label="groups")
-    top.set_ylabel("group reward variance V")
-    bottom.plot(iterations, [float(np.mean(np.asarray(r["task_variances"]) > 0)) for r in rows], marker="o")
-    bottom.set_ylabel("share V > 0")
-    bottom.set_xlabel("iteration (DreamGym run)")
-    bottom.set_ylim(0, 1)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def print_table(table: list[dict[str, Any]], data: dict[str, Any], cfg: DemoConfig) -> None:
-    t = Table(title=f"DreamGym on the shop ({cfg.num_products} products; offline data: {data['trajectories']} "
+def print_table(table: list[dict[str, Any]], data: dict[str, Any], cfg: DemoConfig, fid: dict[str, Any] | None) -> None:
+    size = ", ".join(f"{k}={v}" for k, v in cfg.env_kwargs.items())
+    t = Table(title=f"DreamGym on {cfg.env} ({size}; offline data: {data['trajectories']} "
                     f"noisy-oracle trajectories, {data['transitions']} transitions)")
     for col in ("method", "real transitions (RL)", "success", "mean reward", "seconds"):
         t.add_column(col, justify="left" if col == "method" else "right")
@@ -235,3 +274,7 @@ def print_table(table: list[dict[str, Any]], data: dict[str, Any], cfg: DemoConf
         t.add_row(r["method"], str(r["real_transitions"]), f"{r['success_rate']:.3f}", f"{r['mean_reward']:.3f}",
                   f"{r['seconds']:.0f}")
     Console().print(t)
+    if fid is not None:
+        Console().print("M_exp fidelity on held-out real transitions: "
+                        + ", ".join(f"{k} {v:.3f}" if isinstance(v := fid.get(k), float) else f"{k} {v}"
+                                    for k in FIDELITY_KEYS))

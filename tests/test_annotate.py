@@ -263,9 +263,9 @@ def test_llm_annotator_isolates_backend_failures_and_keeps_every_trajectory(shop
     poison = shop_trajs[0].model_copy(update={"task": shop_trajs[0].task.model_copy(update={"instruction": "POISON"})})
     timeout = shop_trajs[1].model_copy(update={"task": shop_trajs[1].task.model_copy(update={"instruction": "TIMEOUT"})})
     foreign = Trajectory(
-        task=Task(task_id="x", instruction="go north", env="textworld"),
+        task=Task(task_id="x", instruction="go north", env="alfworld"),  # an env without a rule explainer
         transitions=[Transition(state="room", action="go north", next_state="hall", reward=0.0, done=False)],
-        meta={"env": "textworld"},
+        meta={"env": "alfworld"},
     )
     trajs = [poison, shop_trajs[2], timeout, foreign, Trajectory(task=shop_trajs[3].task)]
     teacher = CannedTeacher({i: "{}" for i in range(1, 100)})  # every answer misses the schema

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from dreamgym.pipeline import demo_config
+
 
 def run_demo(out: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "dreamgym", "demo", "--profile", "micro", "--out", str(out)],
@@ -40,3 +44,18 @@ def test_micro_demo_end_to_end_and_cached_rerun(tmp_path: Path) -> None:
     assert again.stderr.count("cached") == 7  # every stage served from its marker: nothing is retrained
     assert {p: p.stat().st_mtime_ns for p in (out / "stages").glob("*.json")} == mtimes
     assert json.loads((out / "table.json").read_text())["rows"] == table["rows"]
+
+
+def test_demo_config_layers_profile_file_and_overrides(tmp_path: Path) -> None:
+    assert demo_config("default").env_kwargs == {"num_products": 1000}
+    micro = demo_config("micro")
+    assert (micro.env, micro.env_kwargs, micro.policy["offer_task_search"]) == ("shop", {"num_products": 100}, True)
+    path = tmp_path / "tw.yaml"
+    path.write_text("env: textworld\nenv_kwargs: {num_train_games: 3}\nnoise: 0.2\n")
+    cfg = demo_config("micro", {"noise": 0.1}, path)
+    assert cfg.env_kwargs == {"num_train_games": 3} and cfg.noise == 0.1  # the file over the profile, --set over both
+    assert cfg.offline_episodes == 60  # the profile's size fields stay...
+    assert cfg.policy["offer_task_search"] is False and cfg.dream["task_generator"] == "none"  # ...its shop ones go
+    path.write_text("env: [textworld\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        demo_config("default", None, path)

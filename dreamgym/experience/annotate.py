@@ -42,7 +42,11 @@ log = logging.getLogger(__name__)
 REASONING_KEY = "reasoning"  # transitions[t].info[REASONING_KEY]: the trace of step t
 TUTORIAL_KEYS = ("Overall Plan", "Success Mode", "Failure Mode")
 # Rule-based explainers by env name, imported on first use ("module:function", see ``Explainer``).
-RULE_EXPLAINERS: dict[str, str] = {"shop": "dreamgym.envs.shop.explain:explain_trajectory"}
+RULE_EXPLAINERS: dict[str, str] = {
+    "shop": "dreamgym.envs.shop.explain:explain_trajectory",
+    "textworld": "dreamgym.envs.textworld.explain:explain_trajectory",
+    "scienceworld": "dreamgym.envs.scienceworld.explain:explain_trajectory",
+}
 
 
 # ---------------------------------------------------------------------------------------- common part
