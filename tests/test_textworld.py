@@ -83,6 +83,8 @@ def test_state_mapper_helpers() -> None:
     assert clean_text("x" * 50, 10) == "x" * 9 + "…"
     assert inventory_items("You are carrying:\n  a milk\n  a knife\n") == ["a milk", "a knife"]
     assert inventory_items("You are carrying nothing.\n") == []
+    assert inventory_items("You are carrying: some peanut oil, a knife and a cookbook.") == [
+        "some peanut oil", "a knife", "a cookbook"]
     many = [f"examine thing{i}" for i in range(5)] + ["go north", "look", "take milk"]
     assert shown_commands(many, 3) == ["go north", "take milk", "examine thing0"]
 

@@ -553,18 +553,17 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
                 state.synthetic_transitions += count_env_steps(episodes)
             state.train_episodes += len(episodes)
 
-            # 1b. curriculum: reward variance per group (GRPO: the task's group; PPO: a cluster of tasks), then
-            # variations of the high-variance tasks join the task set
-            task_variances: list[float] = []
+            # 1b. curriculum: reward variance per group (GRPO: the task's group, logged in every run; PPO: a
+            # cluster of tasks), then variations of the high-variance tasks join the task set
+            returns = torch.tensor([e.env_return for e in episodes], dtype=torch.float64)
+            variances: dict[str, float] = {}
+            if cfg.algo == "grpo":
+                variances = {str(k): v for k, v in reward_variance(returns, [e.task.task_id for e in episodes]).items()}
+            elif generator is not None:
+                clusters = cluster_groups(tasks, _encoder_of(pool), max(1, len(tasks) // 4), seed=it)
+                by_cluster = reward_variance(returns, [clusters[e.task.task_id] for e in episodes])
+                variances = {t.task_id: by_cluster[clusters[t.task_id]] for t in tasks}
             if generator is not None:
-                returns = torch.tensor([e.env_return for e in episodes], dtype=torch.float64)
-                if cfg.algo == "grpo":
-                    variances = {str(k): v for k, v in reward_variance(returns, [e.task.task_id for e in episodes]).items()}
-                else:
-                    clusters = cluster_groups(tasks, _encoder_of(pool), max(1, len(tasks) // 4), seed=it)
-                    by_cluster = reward_variance(returns, [clusters[e.task.task_id] for e in episodes])
-                    variances = {t.task_id: by_cluster[clusters[t.task_id]] for t in tasks}
-                task_variances = sorted(variances.values())
                 new_tasks = generator.step(variances, taskset, it, random.Random(int(rng.integers(MAX_SEED))))
                 state.synthetic_tasks += len(new_tasks)
             if cfg.save_rollouts:
@@ -599,8 +598,8 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
                 "generation_s": stats.generation_s, "env_s": stats.env_s,
                 "rollout_s": rollout_s, "update_s": update_s, **losses,
             }
-            if generator is not None:
-                metrics["task_variances"] = task_variances  # the curriculum's V per group this iteration
+            if variances:
+                metrics["task_variances"] = sorted(variances.values())  # the curriculum's V per group
             if eval_pool is not None and ((cfg.eval_every and it % cfg.eval_every == 0) or it == cfg.iterations):
                 result = evaluate(policy, eval_pool, cfg, state)
                 metrics.update({"eval_success": result.success_rate, "eval_reward": result.mean_reward})

@@ -45,12 +45,14 @@ def room_name(description: str) -> str | None:
 
 
 def inventory_items(inventory: str) -> list[str]:
-    """``"You are carrying:\\n  a milk\\n  a knife"`` -> ``["a milk", "a knife"]`` (``[]`` when empty-handed)."""
+    """TextWorld's inventory text -> the carried items (``[]`` when empty-handed). Two layouts occur:
+    ``"You are carrying:\\n  a milk\\n  a knife"`` and one line, ``"You are carrying: some oil and a cookbook."``."""
     lines = [ln.strip() for ln in inventory.splitlines() if ln.strip()]
     if not lines or "nothing" in lines[0].lower():
         return []
-    items = lines[1:] if lines[0].rstrip().endswith(":") else []
-    return [" ".join(item.split()) for item in items]
+    rest = lines[0].partition(":")[2].strip().rstrip(".")
+    items = re.split(r",\s*(?:and\s+)?|\s+and\s+", rest) if rest else lines[1:]  # one line: "a, b and c."
+    return [" ".join(item.split()) for item in items if item.strip()]
 
 
 def shown_commands(admissible: Sequence[str], max_commands: int) -> list[str]:
