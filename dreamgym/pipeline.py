@@ -175,8 +175,7 @@ def fidelity(cfg: DemoConfig, out: Path, exp_dir: Path) -> dict[str, Any]:
 
     heldout, annotated = out / "heldout.jsonl", out / "heldout_annotated.jsonl"
     data = collect_episodes(cfg, heldout, cfg.heldout_episodes, "test", cfg.seed + 1)
-    if not annotated.exists():
-        annotate(heldout, annotated)
+    annotate(heldout, annotated)  # resumable: trajectories already annotated are skipped
     buffer = None
     if (out / "buffer").is_dir():
         from dreamgym.replay import ReplayBuffer
