@@ -344,6 +344,7 @@ class TrainState:
     synthetic_tasks: int = 0  # tasks the curriculum added
     eval_transitions: int = 0  # env.step calls in evaluations (never trained on)
     buffer_rows: int | None = None  # the dream's replay buffer size at the checkpoint (later rows: a killed run's)
+    hidden_rows: list[list[int]] = field(default_factory=list)  # [start, stop) row ranges of killed runs, hidden
     train_episodes: int = 0
     seconds: float = 0.0
     evals: list[dict[str, Any]] = field(default_factory=list)
@@ -516,10 +517,14 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
     if ckpt is not None and (ckpt / TASKS).exists():
         taskset = TaskSet.load(ckpt / TASKS)
     if ckpt is not None and isinstance(pool, DreamEnvPool) and pool.model.buffer is not None and state.buffer_rows is not None:
-        # Synthetic transitions a killed attempt wrote after the checkpoint: the resumed run redoes that work.
-        orphans = pool.model.buffer.hide_rows(state.buffer_rows, len(pool.model.buffer))
-        if orphans:
-            console.print(f"replay buffer: {orphans} rows written after the checkpoint are hidden for this run")
+        # Synthetic transitions a killed attempt wrote after the checkpoint: the resumed run redoes that work, so
+        # they stay hidden for the rest of the run (the ranges are checkpointed, in case of another kill).
+        buffer = pool.model.buffer
+        if len(buffer) > state.buffer_rows:
+            state.hidden_rows.append([state.buffer_rows, len(buffer)])
+            console.print(f"replay buffer: {len(buffer) - state.buffer_rows} rows written after the checkpoint are hidden")
+        for start, stop in state.hidden_rows:
+            buffer.hide_rows(start, stop)
     generator = _task_generator(cfg, pool)
     synthetic_share = cfg.dream.synthetic_share if cfg.dream is not None else 0.0
     writer = SummaryWriter(log_dir=str(run / "tb"), purge_step=state.iteration + 1 if ckpt else None)
