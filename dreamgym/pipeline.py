@@ -32,15 +32,20 @@ SHOP_DEFAULTS: dict[str, Any] = {
     "env_kwargs": {"num_products": 1000},
     "policy": {"action_format": "index", "offer_task_search": True},
     "dream": {"task_generator": "rule", "synthetic_share": 0.25},
+    # spend M_exp's budget on the pages a small model can learn to copy and check (item pages, purchases)
+    # rather than on results pages, which only memorising the catalog would predict (configs/exp-shop-tiny.yaml)
+    "exp_mixture": {"results": 0.15, "search": 0.3, "item": 1.0, "done": 2.0, "description": 0.5, "features": 0.5},
 }
 OTHER_ENV_DEFAULTS: dict[str, Any] = {
     "env_kwargs": {},
     "policy": {"action_format": "index", "offer_task_search": False},
     "dream": {"task_generator": "none", "synthetic_share": 0.0},
+    "exp_mixture": None,
 }
 # The fidelity figures kept in table.json and printed under the table (all of them: RUN/fidelity.json).
 FIDELITY_KEYS = ("transitions", "reward_accuracy", "terminal_reward_accuracy", "terminal_reward_majority_baseline",
-                 "done_accuracy", "invalid_output_rate", "next_state_f1", "epsilon_p", "reasoning_exact")
+                 "done_accuracy", "invalid_output_rate", "next_state_f1", "epsilon_p", "reasoning_exact",
+                 "click_consistency", "reward_consistency")
 
 
 class DemoConfig(BaseModel):
@@ -59,14 +64,22 @@ class DemoConfig(BaseModel):
     max_steps: int = Field(default=15, ge=1, description="SFT evaluation episode length (RL: rl.max_steps)")
     eval_num_envs: int = Field(default=64, ge=1, description="env instances of the SFT evaluation (a JVM each "
                                "for ScienceWorld)")
-    heldout_episodes: int = Field(default=0, ge=0, description="test-split noisy-oracle episodes the fidelity "
+    heldout_episodes: int = Field(default=60, ge=0, description="test-split noisy-oracle episodes the fidelity "
                                   "stage scores M_exp on (0: no fidelity stage)")
+    heldout_noise: float = Field(default=0.5, ge=0, le=1, description="the held-out collection's noise: more "
+                                 "imperfect purchases than the offline data, so a terminal reward is not nearly always 1")
     # experience model
-    exp_model: str = "small"
+    # 128 hidden x 4 layers (~1.3M params): ~2.5x the tokens/s of "small", so more epochs in the budget,
+    # and a dream step generates faster; copying is what it must learn (the TARGET line helps, see protocol.py)
+    exp_model: str = "128x4"
     exp_protocol: dict[str, Any] = Field(default_factory=lambda: {"k": 1, "neighbour_states": False,
-                                                                  "system_prompt": "", "history_window": 2})
-    exp_sft: dict[str, Any] = Field(default_factory=lambda: {"epochs": 3, "learning_rate": 2e-3, "batch_size": 32,
-                                                             "time_budget_s": 900, "num_threads": 2})
+                                                                  "system_prompt": "", "history_window": 2,
+                                                                  "ground_action": True})
+    exp_sft: dict[str, Any] = Field(default_factory=lambda: {"epochs": 3, "learning_rate": 2e-3, "batch_size": 16,
+                                                             "max_length": 768, "time_budget_s": 900,
+                                                             "num_threads": 2})
+    exp_mixture: dict[str, float] | None = Field(default=None, description="examples per transition by the page "
+                                                 "type of its next state (None = each once; shop: SHOP_DEFAULTS)")
     # policy
     policy_model: str = "micro"
     policy: dict[str, Any] = Field(default_factory=dict, description="PolicyConfig fields")
@@ -77,7 +90,7 @@ class DemoConfig(BaseModel):
                                                         "lr": 1e-4, "normalize_std": False, "turn_weighting": "episode",
                                                         "eval_every": 4, "num_threads": 2})
     dream: dict[str, Any] = Field(default_factory=dict, description="DreamConfig fields")
-    dream_iterations: int = 10
+    dream_iterations: int = 6
     s2r_share: float = Field(default=0.1, gt=0, le=1, description="S2R budget / GRPO-real's real transitions")
 
     @model_validator(mode="before")
@@ -92,7 +105,7 @@ class DemoConfig(BaseModel):
 PROFILES: dict[str, dict[str, Any]] = {
     "default": {},
     "micro": {
-        "env_kwargs": {"num_products": 100}, "offline_episodes": 60, "eval_episodes": 20,
+        "env_kwargs": {"num_products": 100}, "offline_episodes": 60, "eval_episodes": 20, "heldout_episodes": 4,
         "exp_model": "micro", "exp_sft": {"epochs": 1, "learning_rate": 3e-3, "batch_size": 16, "num_threads": 2},
         "policy_model": "micro", "sft": {"epochs": 2, "learning_rate": 3e-3, "batch_size": 16, "num_threads": 2},
         "rl": {"iterations": 2, "tasks_per_iter": 2, "group_size": 2, "eval_every": 0, "num_threads": 2,
@@ -138,8 +151,10 @@ def _stage(name: str, marker: Path, run: Callable[[], Any]) -> Any:
     return result
 
 
-def collect_episodes(cfg: DemoConfig, path: Path, episodes: int, split: str, seed: int) -> dict[str, Any]:
-    """Append noisy-oracle episodes of ``split`` to ``path`` until it holds ``episodes``; summarise the file."""
+def collect_episodes(cfg: DemoConfig, path: Path, episodes: int, split: str, seed: int,
+                     noise: float | None = None) -> dict[str, Any]:
+    """Append noisy-oracle episodes of ``split`` to ``path`` until it holds ``episodes`` (``noise``: default
+    ``cfg.noise``); summarise the file."""
     from dreamgym.collect import iter_episodes
     from dreamgym.envs import make
     from dreamgym.types import JsonlWriter, read_jsonl
@@ -147,7 +162,7 @@ def collect_episodes(cfg: DemoConfig, path: Path, episodes: int, split: str, see
     have = sum(1 for _ in read_jsonl(path)) if path.exists() else 0
     env = make(cfg.env, **cfg.env_kwargs)
     try:
-        policy = env.scripted_policy("noisy", seed=seed, noise=cfg.noise)
+        policy = env.scripted_policy("noisy", seed=seed, noise=cfg.noise if noise is None else noise)
         with JsonlWriter(path) as w:
             for traj in iter_episodes(env, policy, episodes, split, seed, skip=have):
                 w.write(traj)
@@ -174,7 +189,7 @@ def fidelity(cfg: DemoConfig, out: Path, exp_dir: Path) -> dict[str, Any]:
     from dreamgym.types import read_trajectories
 
     heldout, annotated = out / "heldout.jsonl", out / "heldout_annotated.jsonl"
-    data = collect_episodes(cfg, heldout, cfg.heldout_episodes, "test", cfg.seed + 1)
+    data = collect_episodes(cfg, heldout, cfg.heldout_episodes, "test", cfg.seed + 1, noise=cfg.heldout_noise)
     annotate(heldout, annotated)  # resumable: trajectories already annotated are skipped
     buffer = None
     if (out / "buffer").is_dir():
@@ -212,7 +227,7 @@ def run_demo(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
            lambda: annotate(offline, annotated))
     _stage(f"{next(numbered)} train the experience model", out / "stages/train_exp.json", lambda: train_experience_model(
         [annotated], cfg.exp_model, exp_dir, ProtocolConfig(**cfg.exp_protocol), SFTConfig(**cfg.exp_sft),
-        buffer_dir=out / "buffer", seed=cfg.seed))
+        buffer_dir=out / "buffer", mixture=cfg.exp_mixture, seed=cfg.seed))
     fid = None
     if cfg.heldout_episodes:  # before the dream stage, which adds its rollouts to the buffer
         fid = _stage(f"{next(numbered)} fidelity of the experience model (held-out real transitions)",

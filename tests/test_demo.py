@@ -41,7 +41,7 @@ def test_micro_demo_end_to_end_and_cached_rerun(tmp_path: Path) -> None:
     mtimes = {p: p.stat().st_mtime_ns for p in (out / "stages").glob("*.json")}
     again = run_demo(out)
     assert again.returncode == 0
-    assert again.stderr.count("cached") == 7  # every stage served from its marker: nothing is retrained
+    assert again.stderr.count("cached") == 8  # every stage served from its marker: nothing is retrained
     assert {p: p.stat().st_mtime_ns for p in (out / "stages").glob("*.json")} == mtimes
     assert json.loads((out / "table.json").read_text())["rows"] == table["rows"]
 

@@ -16,6 +16,7 @@ from dreamgym.experience.protocol import (
     ParseResult,
     ParseStats,
     ProtocolConfig,
+    action_target,
     build_messages,
     build_prompt_text,
     failure_prediction,
@@ -320,8 +321,9 @@ def test_prompt_sections_window_and_k() -> None:
     assert "(1)" in text and "(2)" in text and "(3)" not in text
     assert "→ click[n1]\n⇒\n[1] text: n1 after\n[2] button: Buy Now\n| r=0.25 d=0" in text
     assert "| r=0.50 d=1" in text
-    assert text.endswith("STATE:\n" + query.state + "\nACTION: click[B000001]\n")
-    order = [text.index(h) for h in ("TASK:", "HISTORY:", "SIMILAR:", "STATE:", "ACTION:")]
+    assert text.endswith("STATE:\n" + query.state + "\nACTION: click[B000001]\n"
+                         "TARGET: [1] link: B000001 — Product 1 | $1.99\n")  # the element the action names
+    order = [text.index(h) for h in ("TASK:", "HISTORY:", "SIMILAR:", "STATE:", "ACTION:", "TARGET:")]
     assert order == sorted(order)
 
     compact = build_prompt_text(query, ProtocolConfig(neighbour_states=False))
@@ -396,3 +398,28 @@ def test_query_at_step() -> None:
     ).endswith("<done>0</done> <success>0</success>")
     won = traj.model_copy(update={"success": True})
     assert step_target(won, 2, "ok", WITH_REASONING).endswith("<done>1</done> <success>1</success>")
+
+
+def test_action_target_finds_the_named_element_case_blind() -> None:
+    page = ("[1] text: B0DGQT29 — Nolove Velvet Sofa\n[2] text: Price: $289.47\n[3] option: color=brown (selected)\n"
+            "[4] option: size=3 seater\n[5] button: Buy Now\n[6] link: B0AAAA11 — Other Sofa | $1.00")
+    assert action_target(page, "click[b0aaaa11]") == "[6] link: B0AAAA11 — Other Sofa | $1.00"
+    assert action_target(page, "click[BROWN]") == "[3] option: color=brown (selected)"
+    assert action_target(page, "click[3  seater]") == "[4] option: size=3 seater"
+    assert action_target(page, "click[buy now]") == "[5] button: Buy Now"
+    # nothing named, no brackets, a search query: no TARGET line, and the prompt says nothing false
+    assert action_target(page, "click[red]") is None
+    assert action_target(page, "take key") is None
+    assert action_target(page, "search[velvet sofa]") is None
+    query = ExperienceQuery("buy a sofa", [], [], page, "click[red]")
+    assert "TARGET:" not in build_prompt_text(query, ProtocolConfig(k=0))
+    grounded = ExperienceQuery("buy a sofa", [], [], page, "click[brown]")
+    assert "TARGET:" not in build_prompt_text(grounded, ProtocolConfig(k=0, ground_action=False))
+
+
+def test_models_saved_before_the_target_line_load_without_it() -> None:
+    from dreamgym.experience.model import ExperienceConfig
+
+    old = ExperienceConfig(protocol={"k": 0, "history_window": 2})  # an experience.json without ground_action
+    assert old.protocol_config().ground_action is False
+    assert ExperienceConfig.from_protocol(ProtocolConfig()).protocol_config().ground_action is True

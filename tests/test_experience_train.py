@@ -16,7 +16,7 @@ from dreamgym.collect import iter_episodes
 from dreamgym.envs import make
 from dreamgym.experience.annotate import RuleAnnotator
 from dreamgym.experience.model import ExperienceModel
-from dreamgym.experience.protocol import ExperienceQuery, ProtocolConfig, step_target
+from dreamgym.experience.protocol import ExperienceQuery, ProtocolConfig, action_target, step_target
 from dreamgym.experience.train import (
     exp_examples,
     fresh_tiny_model,
@@ -62,7 +62,11 @@ def test_one_example_per_transition_with_the_protocol_target(annotated) -> None:
     assert len(examples) == len(steps)
     for ex, (traj, t) in zip(examples, steps, strict=True):
         assert ex.target == step_target(traj, t, traj.transitions[t].info["reasoning"], COMPACT)
-        assert isinstance(ex.prompt, str) and ex.prompt.rstrip().endswith(f"ACTION: {traj.transitions[t].action}")
+        now = traj.transitions[t]
+        target = action_target(now.state, now.action)  # clicks name an element of the state; searches do not
+        assert target is not None or now.action.startswith("search[")
+        end = f"ACTION: {now.action}" + (f"\nTARGET: {target}" if target else "")
+        assert isinstance(ex.prompt, str) and ex.prompt.rstrip().endswith(end)
 
 
 def test_loss_is_on_target_tokens_only(annotated) -> None:

@@ -59,7 +59,8 @@ class ExperienceConfig(BaseModel):
     retrieval_env: str | None = Field(default=None, description="retrieve only transitions of this env")
 
     def protocol_config(self) -> ProtocolConfig:
-        return ProtocolConfig(**self.protocol)
+        # a model saved before the TARGET line existed was trained without it
+        return ProtocolConfig(**{"ground_action": False, **self.protocol})
 
     @classmethod
     def from_protocol(cls, protocol: ProtocolConfig, **kwargs: Any) -> ExperienceConfig:

@@ -24,6 +24,7 @@ Prompt (user message; sections with no content are left out; ``build_prompt_text
     [2] option: size=m
     [3] button: Buy Now
     ACTION: click[m]
+    TARGET: [2] option: size=m                (the element the action names; see :func:`action_target`)
 
 Long states are cut at whole lines, ending with a ``…`` line (see :func:`truncate_lines`).
 
@@ -150,6 +151,7 @@ class ProtocolConfig:
     max_neighbour_chars: int | None = 600  # limit for each neighbour's state and next state (a shop item page
     # is up to ~540 characters; a cut next state is no longer something to copy)
     system_prompt: str | None = None  # None: DEFAULT_SYSTEM_PROMPT for this config; "" = no system text
+    ground_action: bool = True  # add a TARGET line: the state element the action names (see action_target)
 
     def __post_init__(self) -> None:
         if self.history_window < 0 or self.k < 0:
@@ -219,12 +221,48 @@ def _similar_lines(query: ExperienceQuery, cfg: ProtocolConfig) -> list[str]:
     return lines
 
 
+_ACTION_ARG = re.compile(r"^\s*\w+\s*\[(.+)\]\s*$", re.S)
+_ELEMENT = re.compile(r"^\[\d+\]\s*[\w-]+:\s*(.*)$")
+
+
+def action_target(state: str, action: str) -> str | None:
+    """The line of ``state`` that the action ``verb[arg]`` names, or None.
+
+    Actions name elements loosely (WebShop lower-cases them: ``click[b0dgqt29]`` for the link
+    ``[7] link: B0DGQT29 — Nolove Velvet Sofa | $289.47``; ``click[brown]`` for ``option: color=brown``). An
+    element matches when ``arg`` equals, ignoring case, its label, the label's head before `` — `` or `` | ``, or
+    the value after ``=``. Showing that line next to the action (``TARGET:``) is part of the abstract state: it
+    puts what the next state must copy right before the output, in its original case, so a small model copies
+    from a fixed nearby place instead of searching the page by a lower-cased key (which a from-scratch model
+    learns slowly; ``shared/FACTS.md``). Env-agnostic: an action without brackets, or naming no element, has none.
+    """
+    match = _ACTION_ARG.match(action)
+    if match is None:
+        return None
+    arg = " ".join(match.group(1).split()).lower()
+    for line in state.splitlines():
+        element = _ELEMENT.match(line.strip())
+        if element is None:
+            continue
+        label = element.group(1).removesuffix(" (selected)").strip()
+        keys = {label, re.split(r" — | \| ", label, maxsplit=1)[0]}
+        if "=" in label:
+            keys.add(label.split("=", 1)[1])
+        if arg in {" ".join(k.split()).lower() for k in keys}:
+            return line.strip()
+    return None
+
+
 def build_user_text(query: ExperienceQuery, cfg: ProtocolConfig) -> str:
-    """The user message: TASK, HISTORY, SIMILAR, STATE, ACTION (deterministic; empty sections left out)."""
+    """The user message: TASK, HISTORY, SIMILAR, STATE, ACTION [, TARGET] (deterministic; empty sections left
+    out)."""
     lines = [f"TASK: {query.instruction.strip()}"]
     lines += _history_lines(query, cfg)
     lines += _similar_lines(query, cfg)
     lines += ["STATE:", truncate_lines(query.state, cfg.max_state_chars), f"ACTION: {query.action.strip()}"]
+    target = action_target(query.state, query.action) if cfg.ground_action else None
+    if target is not None:
+        lines.append(f"TARGET: {target}")
     return "\n".join(lines)
 
 
