@@ -1,6 +1,6 @@
 """Dream steps per second at batch 1 vs 64, and the share of step time spent outside model forward passes.
 
-    .venv/bin/python benchmarks/bench_dream.py --model runs/exp/main [--steps 4] [--batches 1 64]
+    .venv/bin/python benchmarks/bench_dream.py --model runs/exp/main [--buffer DIR] [--steps 4] [--batches 1 64]
 
 A ``DreamEnvPool`` of B episodes (shop tasks, the shop's action grammar, no buffer writes) is stepped with
 random admissible actions; every pool step is one batched ``ExperienceModel.predict``. Forward passes of the
@@ -9,7 +9,8 @@ model (prefill and every decode step) are timed with torch forward hooks on the 
 sampling, KV-cache bookkeeping, parsing, the grammar, the env objects (goal: ≤ 10%). The batch sizes run
 interleaved in one process so that a load spike hits both alike. Without ``--model`` an untrained ``small``
 model (tokenizer trained on the data) is used with ``--max-new-tokens``: it never stops early, so its steps/s
-is a lower bound. Writes ``benchmarks/results/bench_dream.json`` with the command that produced it.
+is a lower bound. ``--buffer`` attaches a replay buffer (read-only) so that a model with k > 0 retrieves its
+neighbours as in the dream (retrieval then counts as time outside forward passes). Writes ``benchmarks/results/bench_dream.json`` with the command that produced it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dreamgym.experience.dream import DreamEnv, DreamEnvPool, InitialStates
 from dreamgym.experience.model import ExperienceConfig, ExperienceModel
 from dreamgym.experience.protocol import ProtocolConfig
 from dreamgym.experience.train import exp_examples, fresh_tiny_model, read_training_data
+from dreamgym.replay import ReplayBuffer
 
 RESULTS = Path(__file__).parent / "results" / "bench_dream.json"
 
@@ -100,6 +102,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="pool steps per repeat")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=256, help="untrained model only")
+    parser.add_argument("--buffer", type=Path, help="replay buffer to retrieve from (a model with k > 0)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -107,6 +110,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         model = load_model(args, Path(tmp))
+        if args.buffer is not None:
+            model.buffer = ReplayBuffer.open(args.buffer, create=False, read_only=True)
         lm = getattr(model.llm, "model", None)
         if not isinstance(lm, torch.nn.Module):
             raise SystemExit("bench_dream needs the hf backend (a local model)")
@@ -133,6 +138,7 @@ def main() -> None:
     out = {
         "command": " ".join([".venv/bin/python", *sys.argv]),
         "model": args.model or f"untrained small, max_new_tokens={args.max_new_tokens}",
+        "buffer": str(args.buffer) if args.buffer else None,
         "threads": args.threads,
         "by_batch": results,
         "speedup": round(results[str(hi)]["steps_per_s"] / results[str(lo)]["steps_per_s"], 2),

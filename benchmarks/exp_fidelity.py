@@ -10,7 +10,11 @@ each variant's training summary and fidelity report). Variants (the paper's abla
 
 * ``full``: the config as is, with ``--k`` retrieved neighbours (a hashing-encoder buffer on the training data);
 * ``no_retrieval``: k = 0;
-* ``no_reasoning``: no ``<think>`` trace in the target (with retrieval).
+* ``no_reasoning``: no ``<think>`` trace in the target (with retrieval);
+* ``no_target`` (opt in): without the prompt's TARGET line (``ground_action=False``), with retrieval.
+
+``--snapshot-every S`` also snapshots the ``full`` variant every S training seconds and evaluates each snapshot
+(fidelity against training time, in ``variants.full.curve``).
 
 With ``--curve RUN_DIR`` it instead evaluates every snapshot of a ``train-exp --snapshot-every`` run (fidelity
 against training time) and writes ``benchmarks/results/exp_curve.json``:
@@ -49,27 +53,37 @@ def variants(base: ExpTrainConfig, k: int) -> dict[str, ExpTrainConfig]:
         "full": with_protocol(k=k, reasoning=True),
         "no_retrieval": with_protocol(k=0, reasoning=True),
         "no_reasoning": with_protocol(k=k, reasoning=False),
+        "no_target": with_protocol(k=k, reasoning=True, ground_action=False),
     }
 
 
-def load(model_dir: Path) -> ExperienceModel:
+def load(model_dir: Path, buffer_dir: Path | None = None) -> ExperienceModel:
+    """The model, with its training run's buffer when it retrieves (a snapshot shares its run's buffer)."""
     model = ExperienceModel.load(model_dir)
     if model.protocol.k > 0:
-        model.buffer = ReplayBuffer.open(model_dir / "buffer", create=False, read_only=True)
+        model.buffer = ReplayBuffer.open(buffer_dir or model_dir / "buffer", create=False, read_only=True)
     return model
+
+
+def snapshot_points(summary: dict[str, Any], heldout: list[Any], max_transitions: int) -> list[dict[str, Any]]:
+    """The fidelity of each snapshot of a training run (its summary) on the same held-out steps."""
+    points = []
+    for snap in summary["snapshots"]:
+        snap_dir = Path(snap["dir"])  # RUN/snapshots/<seconds>s
+        report = evaluate_experience_model(load(snap_dir, snap_dir.parent.parent / "buffer"), heldout,
+                                           max_transitions, seed=0)
+        points.append({"train_seconds": snap["seconds"], "epochs": snap["epochs"], "train_loss": snap["train_loss"],
+                       **{key: report.get(key) for key in KEYS}, "next_state_f1_by_page": report["next_state_f1_by_page"],
+                       "report": report})
+        print(json.dumps({k: v for k, v in points[-1].items() if k != "report"}), flush=True)
+    return points
 
 
 def curve(run: Path, heldout: list[Any], max_transitions: int, out_path: Path, threads: int) -> None:
     """Evaluate each snapshot of ``run`` (and the final model) on the same held-out steps."""
     torch.set_num_threads(threads)
     summary = json.loads((run / "summary.json").read_text())
-    points = []
-    for snap in summary["snapshots"]:
-        report = evaluate_experience_model(load(Path(snap["dir"])), heldout, max_transitions, seed=0)
-        points.append({"train_seconds": snap["seconds"], "epochs": snap["epochs"], "train_loss": snap["train_loss"],
-                       **{key: report.get(key) for key in KEYS}, "next_state_f1_by_page": report["next_state_f1_by_page"],
-                       "report": report})
-        print(json.dumps({k: v for k, v in points[-1].items() if k != "report"}), flush=True)
+    points = snapshot_points(summary, heldout, max_transitions)
     out = {"command": " ".join([".venv/bin/python", *sys.argv]), "run": str(run), "train_summary": summary,
            "points": points}
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,6 +103,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="results JSON (default benchmarks/results/...)")
     parser.add_argument("--curve", type=Path, help="evaluate the snapshots of this train-exp run instead")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--snapshot-every", type=float, default=None,
+                        help="also snapshot the full variant every this many training seconds and evaluate each")
     args = parser.parse_args()
     heldout = read_training_data(args.heldout)
     if args.curve is not None:
@@ -110,12 +126,19 @@ def main() -> None:
     for name in args.variants:
         cfg = variants(base, args.k)[name]
         model_dir = args.work / name
-        summary = train_experience_model(
-            args.train, cfg.model, model_dir, cfg.protocol_config(), cfg.sft_config(), encoder=cfg.encoder,
-            chat=cfg.chat, vocab_size=cfg.vocab_size, mixture=cfg.mixture, seed=cfg.seed)
+        if (model_dir / "summary.json").exists():  # trained by an earlier, interrupted run of this command
+            summary = json.loads((model_dir / "summary.json").read_text())
+            print(f"{name}: reusing the model trained in {model_dir}", flush=True)
+        else:
+            summary = train_experience_model(
+                args.train, cfg.model, model_dir, cfg.protocol_config(), cfg.sft_config(), encoder=cfg.encoder,
+                chat=cfg.chat, vocab_size=cfg.vocab_size, mixture=cfg.mixture, seed=cfg.seed,
+                snapshot_every_s=args.snapshot_every if name == "full" else None)
         torch.set_num_threads(args.threads)
         report = evaluate_experience_model(load(model_dir), heldout, args.max_transitions, seed=0)
         out["variants"][name] = {"protocol": cfg.protocol, "train": summary, "fidelity": report}
+        if summary.get("snapshots"):
+            out["variants"][name]["curve"] = snapshot_points(summary, heldout, args.max_transitions)
         print(name, json.dumps({key: report.get(key) for key in KEYS}), flush=True)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out, indent=2))  # after every variant: a partial run keeps its results

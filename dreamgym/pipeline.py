@@ -91,7 +91,8 @@ class DemoConfig(BaseModel):
                                                         "eval_every": 4, "num_threads": 2})
     dream: dict[str, Any] = Field(default_factory=dict, description="DreamConfig fields")
     dream_iterations: int = 6
-    s2r_share: float = Field(default=0.1, gt=0, le=1, description="S2R budget / GRPO-real's real transitions")
+    s2r_share: float = Field(default=0.1, gt=0, le=1, description="S2R budget / GRPO-real's real transitions "
+                             "(a strict budget: S2R stops before a group could exceed it)")
 
     @model_validator(mode="before")
     @classmethod
@@ -112,6 +113,9 @@ PROFILES: dict[str, dict[str, Any]] = {
                "max_steps": 6, "minibatch_size": 32},
         "dream": {"task_generator": "rule", "synthetic_share": 0.5, "max_new_tokens": 48},
         "dream_iterations": 2,
+        # GRPO-real uses only ~40 real transitions here: 10% of that is less than one S2R group (2 x 6 steps),
+        # and the S2R budget is strict (never exceeded), so the micro S2R may use as many as GRPO did
+        "s2r_share": 1.0,
     },
 }
 
@@ -265,7 +269,8 @@ def run_demo(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
     budget = max(1, int(cfg.s2r_share * max(grpo["real_transitions"], 1)))
     s2r = _stage(f"{next(numbered)} DreamGym-S2R: continue in the real {env}", out / "stages/s2r.json",
                  lambda: rl_stage("DreamGym-S2R", out / "s2r",
-                                  {"init": str(out / "dreamgym"), "real_transition_budget": budget}))
+                                  {"init": str(out / "dreamgym"), "real_transition_budget": budget,
+                                   "strict_budget": True}))
     rows += [grpo, dreamgym, s2r]
     # seconds: the whole stage (training + evaluation) as first run
     table = [{**{k: r[k] for k in ("method", "real_transitions", "success_rate", "mean_reward")},

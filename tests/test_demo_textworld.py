@@ -26,6 +26,7 @@ MICRO = {
            "max_steps": 4, "minibatch_size": 32},
     "dream": {"task_generator": "none", "synthetic_share": 0.0, "max_new_tokens": 48},
     "dream_iterations": 1,
+    "s2r_share": 1.0,  # the S2R budget is strict: 10% of GRPO's ~16 transitions is less than one group (2 x 4)
 }
 
 

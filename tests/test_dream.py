@@ -141,3 +141,28 @@ def test_untrained_hf_model_never_breaks_the_dream(shop, offline, tmp_path: Path
         obs, reward, _term, _trunc, info = env.step(info["admissible_actions"][0])
         assert isinstance(obs, str) and 0.0 <= reward <= 1.0
     assert model.stats.total == 3 and model.stats.failed + model.stats.ok == 3
+
+
+def test_prompts_too_long_for_the_context_are_shortened_or_served_as_counted_failures(shop, offline,
+                                                                                       tmp_path: Path) -> None:
+    from dreamgym.experience.protocol import ExperienceQuery, Neighbour
+    from dreamgym.llm.tiny import init_tiny_model
+    from dreamgym.types import write_jsonl
+
+    write_jsonl(tmp_path / "corpus.jsonl", offline)
+    init_tiny_model("micro", [tmp_path / "corpus.jsonl"], tmp_path / "m", seed=0)
+    model = ExperienceModel.load(tmp_path / "m", cfg=ExperienceConfig(max_new_tokens=16, max_resamples=0,
+                                                                      protocol={"k": 2, "history_window": 3}))
+    step = offline[0].transitions[1]
+    neighbour = Neighbour(step.state, step.action, step.next_state, 0.0, False)
+    query = ExperienceQuery(offline[0].task.instruction, [(step.state, step.action)] * 3, [neighbour] * 2,
+                            step.state, step.action)
+    full = len(model.llm.encode(model.prompt(query)))
+    model.llm.max_length = full  # the full prompt plus 16 new tokens no longer fits; without neighbours it does
+    assert model.fit_context(query, model.prompt(query)) is not None and model.shortened_prompts == 1
+    [prediction] = model.predict([query])  # generation runs on the shortened prompt: no error
+    assert model.stats.total == 1 and model.shortened_prompts == 2
+    model.llm.max_length = 20  # nothing fits: a counted failure (the state unchanged, reward 0), not an exception
+    [failed] = model.predict([query])
+    assert failed.next_state == query.state.strip() and failed.failure == "truncated"
+    assert failed.reward == 0.0 and model.stats.failed >= 1 and model.stats_dict()["shortened_prompts"] == 2

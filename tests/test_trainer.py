@@ -141,6 +141,16 @@ def test_the_last_iterations_shrink_to_the_real_transition_budget(sft_run: Path)
     # A group costs at most 4 * 5 = 20 transitions: 5 groups fit in 100, then fewer as the budget is used.
     assert [tasks_within_budget(cfg, used) for used in (0, 30, 81, 99)] == [5, 3, 1, 1]
     assert tasks_within_budget(config(sft_run, tasks_per_iter=8), 10_000) == 8  # no budget: the full iteration
+    strict = cfg.model_copy(update={"strict_budget": True})  # never over: no group when none surely fits
+    assert [tasks_within_budget(strict, used) for used in (0, 30, 81, 99)] == [5, 3, 0, 0]
+
+
+def test_strict_budget_never_exceeds_the_real_transition_budget(sft_run: Path, tmp_path: Path) -> None:
+    cfg = config(sft_run, iterations=5, tasks_per_iter=2, group_size=2, max_steps=4, real_transition_budget=12,
+                 strict_budget=True)
+    summary = train(cfg, tmp_path / "run")
+    # a group takes at most 2 episodes x 4 steps = 8: one fits in 12, then another only if the first left >= 8
+    assert summary["iterations"] >= 1 and 2 <= summary["real_transitions"] <= 12
 
 
 def test_config_rejects_unknown_fields_and_grpo_without_groups(sft_run: Path, tmp_path: Path) -> None:

@@ -149,3 +149,28 @@ def test_dream_run_killed_mid_iteration_resumes_as_if_never_killed(setup: dict[s
             ReplayBuffer.open(root / "buffer-killed", read_only=True) as k:
         keys = [{buf.record(r).key() for r in range(len(buf))} for buf in (s, k)]
         assert keys[0] == keys[1]  # nothing lost; the orphan rows are copies of what the resumed run redid
+
+
+def test_cli_s2r_budget_continues_the_dream_run_in_the_real_env(setup: dict[str, Path]) -> None:
+    from typer.testing import CliRunner
+
+    from dreamgym.cli import app
+
+    out = setup["root"] / "s2r_run"
+    (setup["root"] / "dream.yaml").write_text(dream_cfg(setup, iterations=1).model_dump_json())  # JSON is YAML
+    args = ["train", "--config", str(setup["root"] / "dream.yaml"), "--out", str(out), "--s2r-budget", "3"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    dream, s2r = (json.loads(line) for line in r.stdout.strip().splitlines()[-2:])
+    assert dream["real_transitions"] == 0 and "phase" not in dream
+    # the real phase starts from the dream policy and stops at the first iteration that reaches the budget
+    assert s2r["phase"] == "s2r" and 3 <= s2r["real_transitions"] <= 3 + 2 * 3
+    saved = json.loads((out / "s2r" / "summary.json").read_text())
+    assert saved["real_transitions"] == s2r["real_transitions"]
+    config = (out / "s2r" / "config.yaml").read_text()
+    assert f"init: {out}" in config and "dream: null" in config
+    again = CliRunner().invoke(app, [*args, "--resume"])  # both phases are done: resuming retrains nothing
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout.strip().splitlines()[-1])["real_transitions"] == s2r["real_transitions"]
+    bad = CliRunner().invoke(app, ["train", "--env", "shop", "--out", str(setup["root"] / "x"), "--s2r-budget", "3"])
+    assert bad.exit_code != 0 and "needs `dream`" in bad.output

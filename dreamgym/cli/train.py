@@ -36,11 +36,16 @@ def train_cmd(
     env_arg: list[str] = typer.Option(None, "--env-arg", help="env constructor argument key=value (repeat)"),
     real_budget: int = typer.Option(None, "--real-budget", min=1,
                                     help="real env transitions the run may use (sim-to-real: e.g. 5000)"),
+    s2r_budget: int = typer.Option(None, "--s2r-budget", min=1,
+                                   help="after a dream run, continue it in the real env (OUT/s2r) until this many "
+                                        "real transitions are used"),
     resume: bool = typer.Option(False, "--resume", help="continue the run in --out from its last checkpoint"),
 ) -> None:
     """Train an LLM policy with GRPO or PPO; counts every real env transition it consumes.
 
-    Sim-to-real (S2R) is this command with ``--init`` a policy trained in the dream, the real env and
+    Sim-to-real (S2R): ``--s2r-budget N`` on a dream config runs the dream phase into OUT, then the same trainer
+    continues from its policy in the real env into OUT/s2r until N real transitions are used (with ``--resume``
+    each phase continues from its own checkpoint). The same as a second command with ``--init OUT`` and
     ``--real-budget N``. Precedence: RLConfig defaults < --config (or, with --resume, the run's saved config)
     < --env/--algo/--init/--real-budget/--env-arg < --set.
     """
@@ -61,9 +66,18 @@ def train_cmd(
         base["env_kwargs"] = {**base.get("env_kwargs", {}), **parse_env_args(env_arg)}
     base.update(parse_overrides(set_))
     cfg = RLConfig.model_validate(base)
+    if s2r_budget is not None and cfg.dream is None:
+        raise typer.BadParameter("--s2r-budget continues a dream run in the real env: the config needs `dream`")
     summary = train(cfg, out, resume=resume, console=console)
     keys = ("algo", "iterations", "real_transitions", "eval_transitions", "success_rate", "mean_reward", "eval_episodes")
     print(json.dumps({k: summary[k] for k in keys}))
+    if s2r_budget is not None:
+        s2r_dir = out / "s2r"
+        s2r_cfg = cfg.model_copy(update={"dream": None, "init": str(out), "real_transition_budget": s2r_budget})
+        started = (s2r_dir / "checkpoint").exists() or (s2r_dir / "checkpoint.old").exists()
+        console.rule(f"sim-to-real: {s2r_budget} real transitions")
+        s2r = train(s2r_cfg, s2r_dir, resume=resume and started, console=console)
+        print(json.dumps({"phase": "s2r", **{k: s2r[k] for k in keys}}))
 
 
 def register(app: typer.Typer) -> None:

@@ -86,6 +86,7 @@ class ExperienceModel:
         self.buffer = buffer
         self.stats = ParseStats()  # final outcome of every predicted step (ok, or the failure reason served)
         self.resamples = 0  # extra generations spent on malformed outputs
+        self.shortened_prompts = 0  # prompts cut to fit the model's context (see fit_context)
 
     @classmethod
     def load(
@@ -125,8 +126,33 @@ class ExperienceModel:
             out[i] = dataclasses.replace(queries[i], retrieved=neighbours_of(h))
         return out
 
-    def prompt(self, query: ExperienceQuery) -> Prompt:
-        return build_messages(query, self.protocol) if self.cfg.chat else build_prompt_text(query, self.protocol)
+    def prompt(self, query: ExperienceQuery, protocol: ProtocolConfig | None = None) -> Prompt:
+        protocol = protocol or self.protocol
+        return build_messages(query, protocol) if self.cfg.chat else build_prompt_text(query, protocol)
+
+    def fit_context(self, query: ExperienceQuery, prompt: Prompt) -> Prompt | None:
+        """``prompt``, or a shorter one when it and ``max_new_tokens`` exceed a local model's context: without
+        the retrieved neighbours, then without history, then with the state cut to fewer lines (counted in
+        ``shortened_prompts``, logged). None if even that does not fit. Remote backends check for themselves."""
+        limit = getattr(self.llm, "max_length", None)
+        encode = getattr(self.llm, "encode", None)
+        if limit is None or encode is None:
+            return prompt
+        budget = limit - self.cfg.max_new_tokens
+        if len(encode(prompt)) <= budget:
+            return prompt
+        state_chars = self.protocol.max_state_chars or len(query.state)
+        candidates = [dataclasses.replace(self.protocol, k=0), dataclasses.replace(self.protocol, k=0, history_window=0)]
+        while state_chars > 100:
+            state_chars //= 2
+            candidates.append(dataclasses.replace(self.protocol, k=0, history_window=0, max_state_chars=state_chars))
+        for protocol in candidates:
+            shorter = self.prompt(query, protocol)
+            if len(encode(shorter)) <= budget:
+                self.shortened_prompts += 1
+                log.warning("experience model: prompt too long for the context (%d tokens); shortened", limit)
+                return shorter
+        return None
 
     # ----------------------------------------------------------------------------------------- predict
 
@@ -140,11 +166,14 @@ class ExperienceModel:
         if not queries:
             return []
         queries = self.with_neighbours(queries, exclude_traj)
-        prompts = [self.prompt(q) for q in queries]
+        fitted = [self.fit_context(q, self.prompt(q)) for q in queries]
+        prompts = [p if p is not None else "" for p in fitted]
         results: list[ExperiencePrediction | None] = [None] * len(queries)
-        reasons: dict[int, str] = {}
-        pending = list(range(len(queries)))
+        reasons: dict[int, str] = {i: "truncated" for i, p in enumerate(fitted) if p is None}  # cannot fit at all
+        pending = [i for i, p in enumerate(fitted) if p is not None]
         for attempt in range(1 + self.cfg.max_resamples):
+            if not pending:
+                break
             temperature = self.cfg.temperature if attempt == 0 else max(self.cfg.temperature, self.cfg.resample_temperature)
             params = SamplingParams(
                 max_new_tokens=self.cfg.max_new_tokens,
@@ -167,6 +196,7 @@ class ExperienceModel:
             pending = still
             if not pending:
                 break
+        pending = sorted([*pending, *(i for i, p in enumerate(fitted) if p is None)])
         for i in pending:
             log.warning("experience model: unparsable output (%s) after %d resamples; serving the failure state",
                         reasons[i], self.cfg.max_resamples)
@@ -175,7 +205,7 @@ class ExperienceModel:
         return [r for r in results if r is not None]
 
     def stats_dict(self) -> dict[str, Any]:
-        return {**self.stats.as_dict(), "resamples": self.resamples}
+        return {**self.stats.as_dict(), "resamples": self.resamples, "shortened_prompts": self.shortened_prompts}
 
     def __repr__(self) -> str:
         return f"ExperienceModel(llm={type(self.llm).__name__}, cfg={json.dumps(self.cfg.model_dump())})"

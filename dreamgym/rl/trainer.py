@@ -82,6 +82,8 @@ class RLConfig(BaseModel):
     invalid_action_penalty: float = Field(default=0.1, ge=0)
     real_transition_budget: int | None = Field(
         default=None, ge=1, description="stop once this many are used; the last iterations shrink to fit it")
+    strict_budget: bool = Field(default=False, description="never exceed real_transition_budget: stop when not "
+                                "even one group of episodes is certain to fit (else one more group runs)")
     # optimisation
     lr: float = Field(default=5e-5, gt=0, description="the paper's 1e-6 is for 3B–8B models")
     critic_lr: float = Field(default=1e-4, gt=0)
@@ -445,12 +447,14 @@ def tasks_within_budget(cfg: RLConfig, used: int) -> int:
 
     An episode takes at most ``max_steps`` env steps, so ``remaining // (group_size * max_steps)`` groups can
     never exceed the budget; when not even one group is certain to fit, one group still runs (the overshoot is
-    then below ``group_size * max_steps`` transitions, and the counter reports it exactly).
+    then below ``group_size * max_steps`` transitions, and the counter reports it exactly), or, with
+    ``cfg.strict_budget``, none does (0: training stops within the budget).
     """
     if cfg.real_transition_budget is None:
         return cfg.tasks_per_iter
     remaining = cfg.real_transition_budget - used
-    return max(1, min(cfg.tasks_per_iter, remaining // (cfg.group_size * cfg.max_steps)))
+    fit = min(cfg.tasks_per_iter, remaining // (cfg.group_size * cfg.max_steps))
+    return max(0 if cfg.strict_budget else 1, fit)
 
 
 def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Console | None = None) -> dict[str, Any]:
@@ -539,11 +543,14 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
             if cfg.real_transition_budget is not None and state.real_transitions >= cfg.real_transition_budget:
                 console.print(f"real-transition budget reached ({state.real_transitions} >= {cfg.real_transition_budget})")
                 break
-            state.iteration += 1
-            it = state.iteration
-
             # 1. rollouts: G episodes of each sampled task, one batched policy call per turn
             n_tasks = tasks_within_budget(cfg, state.real_transitions) if pool.source == "real" else cfg.tasks_per_iter
+            if n_tasks == 0:
+                console.print(f"real-transition budget: {cfg.real_transition_budget - state.real_transitions} left, less "
+                              f"than one group may take ({cfg.group_size} x {cfg.max_steps} steps); stopping")
+                break
+            state.iteration += 1
+            it = state.iteration
             tasks = taskset.sample(n_tasks, random.Random(int(rng.integers(MAX_SEED))), synthetic_share)
             stats = RolloutStats()
             t0 = time.perf_counter()
