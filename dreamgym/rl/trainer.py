@@ -545,8 +545,9 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
                 break
             # 1. rollouts: G episodes of each sampled task, one batched policy call per turn
             n_tasks = tasks_within_budget(cfg, state.real_transitions) if pool.source == "real" else cfg.tasks_per_iter
-            if n_tasks == 0:
-                console.print(f"real-transition budget: {cfg.real_transition_budget - state.real_transitions} left, less "
+            if n_tasks == 0:  # only with strict_budget, i.e. with a real_transition_budget
+                left = (cfg.real_transition_budget or 0) - state.real_transitions
+                console.print(f"real-transition budget: {left} left, less "
                               f"than one group may take ({cfg.group_size} x {cfg.max_steps} steps); stopping")
                 break
             state.iteration += 1
