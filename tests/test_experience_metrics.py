@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -131,25 +132,33 @@ def test_fidelity_report_hand_case() -> None:
     ]
     report = fidelity_report(records, gamma=0.9, horizon=3)
     assert report.transitions == 7 and report.terminal_transitions == 4
-    assert report.reward_accuracy == pytest.approx(6 / 7)
+    # The invalid output is wrong everywhere, although its fallback (reward 0, not done) matches the real step.
+    assert report.reward_accuracy == pytest.approx(5 / 7)
     assert report.terminal_reward_accuracy == pytest.approx(3 / 4)
+    assert report.terminal_reward_exact_accuracy == pytest.approx(2 / 4)  # 0.95 is within 0.1, not exact
     assert report.terminal_reward_majority == 1.0
     assert report.terminal_reward_majority_baseline == pytest.approx(3 / 4)
-    assert report.reward_mae == pytest.approx((0.05 + 0.5) / 7)
-    assert report.done_accuracy == pytest.approx(6 / 7)
+    assert report.terminal_reward_exact_majority_baseline == pytest.approx(3 / 4)
+    assert report.reward_majority == 0.0 and report.reward_majority_baseline == pytest.approx(3 / 7)
+    assert report.done_majority is True and report.done_majority_baseline == pytest.approx(4 / 7)
+    assert report.reward_mae == pytest.approx((0.05 + 0.5 + 1.0) / 7)  # the invalid output: an error of R_max
+    assert report.done_accuracy == pytest.approx(5 / 7)
     assert report.invalid_output_rate == pytest.approx(1 / 7)
     assert report.invalid_output_reasons == {"bad_reward": 1}
     assert report.next_state_exact == pytest.approx(4 / 7)  # results, and three identical done pages
     assert report.next_state_set_match == pytest.approx(5 / 7)
+    assert report.next_state_copy_baseline["exact"] == 0.0  # no real step left the state as it was
     assert report.epsilon_p == pytest.approx(2 / 7)
     assert report.transitions_by_page == {"done": 4, "item": 2, "results": 1}
     assert report.next_state_f1_by_page["results"] == 1.0
-    item_f1 = (1.0 + state_token_f1("[1] text: s", item)) / 2
-    assert report.next_state_f1_by_page["item"] == pytest.approx(item_f1)
-    assert report.epsilon_r["max"] == pytest.approx(0.5)
-    assert report.epsilon_r["quantile"] == pytest.approx(0.5)  # q95 of 7 errors: the largest ("higher")
-    assert report.lemma1_bound == pytest.approx(lemma1_bound(0.5, 2 / 7, 0.9))
-    assert report.finite_horizon_bound == pytest.approx(finite_horizon_bound(0.5, 2 / 7, 3, v_max=1.0))
+    assert report.next_state_f1_by_page["item"] == pytest.approx((1.0 + 0.0) / 2)
+    assert report.epsilon_r["max"] == pytest.approx(1.0)
+    assert report.epsilon_r["quantile"] == pytest.approx(1.0)  # q95 of 7 errors: the largest ("higher")
+    assert report.epsilon_r["terminal_max"] == report.epsilon_r["terminal_quantile"] == pytest.approx(0.5)
+    assert report.epsilon_r["terminal_mean"] == pytest.approx(0.55 / 4)
+    assert report.epsilon_r["bound"] == pytest.approx(1.0)  # the larger of the two quantiles
+    assert report.lemma1_bound == pytest.approx(lemma1_bound(1.0, 2 / 7, 0.9))
+    assert report.finite_horizon_bound == pytest.approx(finite_horizon_bound(1.0, 2 / 7, 3, v_max=1.0))
     assert json.loads(json.dumps(report.as_dict()))["epsilon_p"] == pytest.approx(2 / 7)
 
 
@@ -179,3 +188,44 @@ def test_majority_baseline_and_edge_cases() -> None:
         fidelity_report([])
     with pytest.raises(ValueError):
         fidelity_report(records, quantile=2.0)
+
+
+def test_epsilon_r_on_terminal_steps_sees_wrong_purchase_rewards() -> None:
+    # The demo's case: 94% of the steps are non-terminal and exact, 14 of 19 purchase rewards are wrong.
+    steps = [FidelityRecord(gold("[1] text: a"), pred("[1] text: a")) for _ in range(300)]
+    purchases = [FidelityRecord(gold("[1] text: end", 1.0, True), pred("[1] text: end", 0.2 if i < 14 else 1.0, True))
+                 for i in range(19)]
+    report = fidelity_report(steps + purchases, gamma=0.9, horizon=3)
+    assert report.terminal_transitions == 19 and report.epsilon_r["quantile"] == 0.0  # the all-steps quantile
+    assert report.epsilon_r["max"] == pytest.approx(0.8)
+    assert report.epsilon_r["terminal_quantile"] == pytest.approx(0.8)
+    assert report.epsilon_r["terminal_mean"] == pytest.approx(14 * 0.8 / 19)
+    assert report.epsilon_r["bound"] == pytest.approx(0.8)
+    assert report.lemma1_bound == pytest.approx(lemma1_bound(0.8, 0.0, 0.9)) and report.lemma1_bound > 0
+    assert report.terminal_reward_accuracy == pytest.approx(5 / 19)
+    assert report.terminal_reward_majority_baseline == 1.0
+    # All purchases right: the bound is 0 again.
+    right = fidelity_report(steps + [FidelityRecord(r.gold, pred("[1] text: end", 1.0, True)) for r in purchases])
+    assert right.epsilon_r["bound"] == 0.0 and right.lemma1_bound == 0.0
+
+
+def test_an_all_unparsable_model_scores_zero_not_the_failure_states_score() -> None:
+    # Real steps the served failure state (state unchanged, reward 0, not done) would match: invalid actions ...
+    same = "[1] text: Page 1 (results 1-1 of 1)\n[2] link: B0X — Shirt | $2.00"
+    invalid = [Transition(state=same, action="click[nothing]", next_state=same, reward=0.0, done=False)] * 8
+    # ... and a purchase, so that every baseline is defined.
+    bought = Transition(state="[1] button: Buy Now", action="click[buy now]", next_state="[1] text: Thank you",
+                        reward=0.0, done=True)
+    records = [FidelityRecord(x, failure_prediction(x.state, "no_next_state")) for x in [*invalid, bought]]
+    report = fidelity_report(records)
+    assert report.invalid_output_rate == 1.0
+    for name in ("reward_accuracy", "terminal_reward_accuracy", "terminal_reward_exact_accuracy", "done_accuracy",
+                 "next_state_exact", "next_state_set_match", "next_state_f1"):
+        assert getattr(report, name) == 0.0, name
+    assert report.next_state_f1_by_page == {"done": 0.0, "results": 0.0}
+    assert report.epsilon_p == 1.0 and report.epsilon_r["max"] == 1.0 and report.epsilon_r["bound"] == 1.0
+    # The baselines are not zero, and the failure state itself would have scored like copying the state.
+    assert report.reward_majority_baseline == 1.0 and report.done_majority_baseline == pytest.approx(8 / 9)
+    assert report.next_state_copy_baseline["exact"] == pytest.approx(8 / 9)
+    served = fidelity_report([FidelityRecord(r.gold, replace(r.prediction, failure=None)) for r in records])
+    assert served.reward_accuracy == 1.0 and served.next_state_exact == pytest.approx(8 / 9)  # what it scored before

@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
 from dreamgym.collect import iter_episodes
 from dreamgym.envs import make
+from dreamgym.envs.shop.catalog import Product
 from dreamgym.envs.shop.fidelity import (
+    Check,
     bought,
     check_steps,
     click_check,
     consistency_report,
+    elements,
+    item_on_page,
     option_check,
+    purchase_page_check,
     reward_check,
 )
+from dreamgym.envs.shop.pages import ShopState, ShopStateMapper, build_page
 from dreamgym.envs.shop.reward import ShopGoal, purchase_reward
 from dreamgym.experience.fidelity import (
     format_side_by_side,
@@ -23,10 +30,12 @@ from dreamgym.experience.fidelity import (
     judge_transitions,
     parse_judgement,
     side_by_side,
+    wm2real,
 )
 from dreamgym.experience.metrics import FidelityRecord
-from dreamgym.experience.protocol import ExperiencePrediction
+from dreamgym.experience.protocol import ExperiencePrediction, failure_prediction
 from dreamgym.llm.base import Completion, Prompt, SamplingParams
+from dreamgym.types import DataError, Task, Trajectory, Transition
 
 RESULTS = """[1] text: Page 1 (results 1-5 of 50)
 [2] button: Back to Search
@@ -79,19 +88,40 @@ def test_bought_parses_the_done_page() -> None:
     assert bought(ITEM) is None
 
 
-def test_reward_check_uses_the_shop_formula_on_the_dreamt_purchase(shop) -> None:
-    product = shop.catalog.products[0]
-    name, values = product.options[0]
-    goal = ShopGoal(product.category, tuple(product.attributes[:2]), {name: values[0]}, product.price + 1.0)
-    page = f"[1] text: Thank you for shopping! You bought {product.asin} ({name}={values[0]})"
-    assert reward_check(goal, shop.catalog, page, 1.0).ok
-    assert reward_check(goal, shop.catalog, page, 0.75).reason == "reward_differs"
-    unselected = page.replace(f"({name}={values[0]})", "(no options)")
-    expected = round(purchase_reward(goal, product, {}).total, 2)
-    assert expected < 1.0 and reward_check(goal, shop.catalog, unselected, expected).ok
-    assert not reward_check(goal, shop.catalog, unselected, 1.0).ok  # the dreamt page says the option was not chosen
-    assert reward_check(goal, shop.catalog, page.replace(product.asin, "B0ZZZZZZ"), 1.0).reason == "unknown_product"
-    assert reward_check(goal, shop.catalog, ITEM, 1.0).reason == "no_purchase_page"
+def item_page(shop, product: Product, selected: Sequence[tuple[str, str]] = ()) -> str:
+    """The real item page of ``product`` with ``selected`` options, as the shop renders it."""
+    state = ShopState("item", item=shop.catalog.index_of(product.asin), selected=tuple(selected))
+    return ShopStateMapper()(build_page(state, shop.catalog, 5), {})
+
+
+def test_reward_check_grounds_the_dreamt_reward_in_the_real_purchase(shop) -> None:
+    target = shop.catalog.products[0]
+    name, values = target.options[0]
+    goal = ShopGoal(target.category, tuple(target.attributes[:2]), {name: values[0]}, target.price + 1.0, target.asin)
+    claim = (f"[1] text: Thank you for shopping! You bought {target.asin} ({name}={values[0]})\n"
+             "[2] text: Your score (min 0.0, max 1.0): 1.00")
+    # Bought a wrong product; the dreamt page says the target was bought and the reward 1.0 agrees with that page
+    # (what the check used to compare), but not with the real purchase.
+    wrong = next(p for p in shop.catalog.products if p.category != target.category)
+    real = item_page(shop, wrong)
+    expected = round(purchase_reward(goal, wrong, {}).total, 2)
+    assert expected < 0.5 and round(purchase_reward(goal, target, {name: values[0]}).total, 2) == 1.0
+    assert reward_check(goal, shop.catalog, real, 1.0) == Check(False, "reward_differs")
+    assert purchase_page_check(real, claim) == Check(False, "wrong_product")
+    # A faithful answer: the real reward, and a done page naming what was really bought.
+    faithful = f"[1] text: Thank you for shopping! You bought {wrong.asin} (no options)"
+    assert reward_check(goal, shop.catalog, real, expected).ok and purchase_page_check(real, faithful).ok
+    # The options selected on the real page count: the target with the goal's option earns 1.0, without it less.
+    chosen, unselected = item_page(shop, target, [(name, values[0])]), item_page(shop, target)
+    assert item_on_page(chosen) == (target.asin, {name: values[0]})
+    assert reward_check(goal, shop.catalog, chosen, 1.0).ok and purchase_page_check(chosen, claim).ok
+    assert reward_check(goal, shop.catalog, unselected, 1.0) == Check(False, "reward_differs")
+    assert purchase_page_check(unselected, claim) == Check(False, "wrong_options")
+    assert purchase_page_check(chosen, chosen) == Check(False, "no_purchase_page")
+    # A real state that is no item page of this shop is bad data, not a model error.
+    for bad in (RESULTS, real.replace(wrong.asin, "B0ZZZZZZ")):
+        with pytest.raises(DataError):
+            reward_check(goal, shop.catalog, bad, 1.0)
 
 
 def test_consistency_report_on_real_trajectories_with_perfect_and_wrong_answers(shop) -> None:
@@ -108,7 +138,61 @@ def test_consistency_report_on_real_trajectories_with_perfect_and_wrong_answers(
     report = check_steps(shifted)
     assert report["reward_consistency"] == 0.0 and report["zero_reward_consistency"] == 0.0
     assert report["click_consistency"] == 1.0
+    assert report["purchase_page_consistency"] == 1.0  # the pages are the real ones
     assert consistency_report([])["click_consistency"] is None  # nothing applicable: no rate, not 0 or 1
+    # Unparsable answers fail every check that applies, even where the served failure state (state unchanged,
+    # reward 0) would pass one: a non-purchase step with reward 0.
+    failed = [(tr, t, failure_prediction(tr.transitions[t].state, "no_next_state")) for tr, t, _ in perfect]
+    report = check_steps(failed)
+    for name in ("click", "option", "reward", "purchase_page", "zero_reward"):
+        assert report[f"{name}_consistency"] == 0.0, name
+        assert report["consistency_checks"][name]["failures"] == {"invalid_output": report["consistency_checks"][name]["n"]}
+    served = [(tr, t, replace(p, failure=None)) for tr, t, p in failed]
+    assert check_steps(served)["zero_reward_consistency"] == 1.0  # what the fallback would have scored
+
+
+def dreamt_episode(task: Task, actions: Sequence[str], reward: float, success: bool, rejected: Sequence[int] = (),
+                   seed: int = 0) -> Trajectory:
+    """A dreamt episode: only its actions, the dream's invalid flags and how it ended matter to wm2real."""
+    steps = [Transition(state="[1] text: dreamt", action=a, next_state="[1] text: dreamt", reward=0.0, done=False,
+                        info={"invalid_action": i in rejected}) for i, a in enumerate(actions)]
+    steps[-1] = steps[-1].model_copy(update={"reward": reward, "done": True})
+    return Trajectory(task=task, transitions=steps, success=success, source="synthetic", meta={"seed": seed})
+
+
+def test_wm2real_matches_a_hand_computed_real_replay(shop) -> None:
+    task = shop.tasks("test")[0]
+    goal = ShopGoal.from_dict(task.goal)
+    assert goal.asin is not None
+    target = shop.catalog.get(goal.asin)
+    search = f"search[{target.title}]"
+    shop.reset(seed=0, options={"task": task})
+    results = shop.step(search)[0]
+    links = [text.split(" — ", 1)[0] for kind, text in elements(results) if kind == "link"]
+    assert target.asin in links
+    wrong = next(shop.catalog.get(a) for a in links if purchase_reward(goal, shop.catalog.get(a), {}).total < 0.9)
+    r_wrong = purchase_reward(goal, wrong, {}).total  # by hand: the real reward of buying it without options
+    right = [search, f"click[{target.asin.lower()}]", *(f"click[{v}]" for v in goal.options.values()), "click[buy now]"]
+    bad_task = Task(task_id="bad", instruction="?", env="shop", goal={"category": "spaceship"})
+    episodes = [
+        dreamt_episode(task, right, 1.0, True),  # faithful: agrees
+        dreamt_episode(task, [search, f"click[{wrong.asin}]", "click[buy now]"], 1.0, True),  # dreamt the target
+        dreamt_episode(task, [search, f"click[{wrong.asin}]", "click[buy now]"], r_wrong, False),  # honest: agrees
+        dreamt_episode(task, [*right, "click[back to search]"], 0.0, False),  # the real episode ends at the buy
+        dreamt_episode(task, [search, "click[b0zzzzzz]", "click[buy now]"], 1.0, True),  # no such link in real
+        dreamt_episode(task, [search, "click[buy now]"], 0.0, False, rejected=[0]),  # the dream rejected the search
+        dreamt_episode(bad_task, ["click[buy now]"], 1.0, True),  # the real shop cannot play this task
+    ]
+    out = wm2real(episodes, lambda: make("shop", num_products=100))
+    assert out["episodes"] == 6 and out["unreplayable"] == 1
+    assert out["reward_agreement"] == pytest.approx(2 / 6) and out["success_agreement"] == pytest.approx(2 / 6)
+    assert (out["real_ended_early"], out["invalid_in_real"], out["rejected_in_dream"], out["diverged"]) == (1, 1, 1, 3)
+    assert out["real_success_rate"] == pytest.approx(2 / 6)  # the faithful episode and the one that ran on
+    assert out["dreamt_success_rate"] == pytest.approx(3 / 6)
+    assert out["real_mean_final_reward"] == pytest.approx((1.0 + r_wrong + r_wrong + 1.0 + 0.0 + 0.0) / 6)
+    assert out["real_steps"] == len(right) + 3 + 3 + len(right) + 2 + 1
+    with pytest.raises(ValueError):
+        wm2real([], lambda: make("shop", num_products=100))
 
 
 def test_heldout_steps_take_whole_trajectories_in_a_seeded_order(shop) -> None:

@@ -19,7 +19,7 @@ import pytest
 from dreamgym.collect import iter_episodes
 from dreamgym.envs import make
 from dreamgym.envs.shop.policies import make_policy
-from dreamgym.replay import HashingEncoder, IndexConfig, ReplayBuffer, ReplayRecord, phi_text
+from dreamgym.replay import HashingEncoder, IndexConfig, ReplayBuffer, ReplayRecord, phi_text, transition_key
 from dreamgym.types import Source, Trajectory, write_jsonl
 
 # Approximate indexes from 100 rows, snapshotted on close.
@@ -437,3 +437,36 @@ def test_hidden_rows_are_neither_retrieved_nor_duplicates(tmp_path: Path, config
         assert len(buf) == 450
         q = vectors[320]
         assert [r for r, _ in buf.search_rows(q, 1)[0]] == [400 + 20]  # the visible copy of row 320
+
+
+@pytest.mark.parametrize("config", [IndexConfig(), IVF], ids=["exact", "ivf"])
+def test_exclude_key_keeps_out_a_transition_stored_under_another_trajectory(tmp_path: Path, config: IndexConfig) -> None:
+    recs = records(200)
+    copy = recs[5].model_copy(update={"traj_id": "x-traj", "step": 0})  # the same transition in another episode
+    with ReplayBuffer.open(tmp_path / "b", HashingEncoder(64), config=config) as buf:
+        assert buf.add_transitions([*recs, copy]) == 200  # a duplicate: stored once, under r-traj0
+        assert buf.store.rows_of_key(copy.key()) == [5] and buf.store.rows_of_key(b"nope") == []
+        for env in (None, "shop"):  # the unfiltered and the filtered path
+            own = buf.retrieve(copy.state, copy.action, k=1, env=env, exclude_traj="x-traj")
+            assert [h.row for h in own] == [5]  # excluding the own trajectory does not keep it out ...
+            hits = buf.retrieve(copy.state, copy.action, k=3, env=env, exclude_traj="x-traj", exclude_key=copy.key())
+            assert len(hits) == 3 and all(h.key() != copy.key() for h in hits)  # ... its key does
+        batch = buf.retrieve_batch([(copy.state, copy.action)] * 2, k=1, exclude_key=[copy.key(), None])
+        assert [h.row for h in batch[1]] == [5] and batch[0][0].row != 5
+        with pytest.raises(ValueError, match="exclude_key"):
+            buf.search_rows(buf.store.embeddings()[:2], k=1, exclude_key=[None])
+        # A hidden row added again has two stored copies (also after reopening): both are excluded.
+        buf.hide_rows(5, 6)
+        assert buf.add_transitions([copy]) == 1
+    with ReplayBuffer.open(tmp_path / "b", HashingEncoder(64), config=config) as buf:
+        assert buf.store.rows_of_key(copy.key()) == [5, 200]
+        hits = buf.retrieve(copy.state, copy.action, k=3, exclude_key=copy.key())
+        assert {h.row for h in hits}.isdisjoint({5, 200}) and len(hits) == 3
+
+
+def test_transition_key_is_the_key_a_step_is_stored_under(shop_trajs: list[Trajectory]) -> None:
+    for traj in shop_trajs[:3]:
+        for t, record in enumerate(ReplayRecord.from_trajectory(traj)):
+            assert transition_key(traj, t) == record.key()
+    other = shop_trajs[0].model_copy(update={"traj_id": "other"})
+    assert transition_key(other, 0) == transition_key(shop_trajs[0], 0)  # the trajectory plays no part

@@ -209,13 +209,6 @@ def _first_error(e: Exception) -> str:
     return str(e).splitlines()[0]
 
 
-REPORT_KEYS = (
-    "transitions", "reward_accuracy", "terminal_reward_accuracy", "terminal_reward_majority_baseline", "reward_mae",
-    "done_accuracy", "invalid_output_rate", "next_state_f1", "click_consistency", "option_consistency",
-    "reward_consistency", "epsilon_p", "lemma1_bound",
-)
-
-
 def eval_exp(
     model: Path = typer.Option(..., "--model", help="experience-model directory (from train-exp)"),
     data: list[Path] = typer.Option(..., "--data", help="held-out real trajectory file; repeat"),
@@ -231,12 +224,16 @@ def eval_exp(
     judge_backend: str = typer.Option("hf", help="judge backend: hf | openai"),
     judge_base_url: str | None = typer.Option(None, help="openai judge URL, e.g. http://127.0.0.1:8000/v1"),
     judge_n: int = typer.Option(100, min=1, help="transitions the judge scores"),
+    policy: Path | None = typer.Option(None, help="policy run dir: replay its dreamt episodes in the real env "
+                                       "(wm2real)"),
+    policy_episodes: int = typer.Option(50, min=1, help="--policy: dreamt episodes (distinct held-out tasks)"),
     report_out: Path | None = typer.Option(None, "--report-out", help="also write the full JSON report here"),
     as_json: bool = typer.Option(False, "--json", help="print the full report as one JSON object"),
 ) -> None:
-    """Fidelity of an experience model on held-out real transitions (teacher-forced): reward/done accuracy,
-    next-state F1 by page, ε_R, ε_P, the Lemma 1 bound, the env's consistency checks, optional LLM judge."""
-    from dreamgym.experience.fidelity import evaluate_experience_model, format_side_by_side
+    """Fidelity of an experience model on held-out real transitions (teacher-forced): reward/done accuracy beside
+    their trivial baselines, next-state F1 by page, ε_R (all / terminal steps), ε_P, the Lemma 1 bound, the env's
+    consistency checks, optional LLM judge; with --policy, how often its dreamt episodes end as their real replay."""
+    from dreamgym.experience.fidelity import evaluate_experience_model, format_report, format_side_by_side
     from dreamgym.experience.model import ExperienceModel
     from dreamgym.experience.train import read_training_data
 
@@ -246,6 +243,8 @@ def eval_exp(
         torch.set_num_threads(threads)
     if not (model / "config.json").is_file():
         raise FileNotFoundError(f"{model}: not a model directory (no config.json)")
+    if policy is not None and not policy.is_dir():
+        raise FileNotFoundError(f"{policy}: no such policy run directory")
     heldout = read_training_data(data)
     exp = ExperienceModel.load(model)
     buffer_dir = buffer if buffer is not None else (model / "buffer" if (model / "buffer").is_dir() else None)
@@ -264,8 +263,13 @@ def eval_exp(
 
         judge = load_llm(LLMConfig.model_validate({"backend": judge_backend, "model": judge_model,
                                                    "base_url": judge_base_url}))
+    agent = None
+    if policy is not None:
+        from dreamgym.agent.policy import load_policy
+
+        agent = load_policy(policy)
     report = evaluate_experience_model(exp, heldout, max_transitions, seed, batch_size, show, gamma, horizon,
-                                       judge=judge, judge_n=judge_n)
+                                       judge=judge, judge_n=judge_n, policy=agent, policy_episodes=policy_episodes)
     if report_out is not None:
         report_out.parent.mkdir(parents=True, exist_ok=True)
         report_out.write_text(json.dumps(report, indent=2))
@@ -273,9 +277,9 @@ def eval_exp(
         print(json.dumps(report))
         return
     lines = [format_side_by_side(report["side_by_side"]), ""] if show else []
-    lines += [f"{key:36s} {report.get(key)}" for key in REPORT_KEYS]
-    lines.append(f"{'next_state_f1_by_page':36s} {json.dumps(report['next_state_f1_by_page'])}")
-    lines.append(f"{'seconds / steps_per_s':36s} {report['seconds']} / {report['steps_per_s']}")
+    lines.append(format_report(report))
+    lines.append(f"{'next_state_f1_by_page':46s} {json.dumps(report['next_state_f1_by_page'])}")
+    lines.append(f"{'seconds / steps_per_s':46s} {report['seconds']} / {report['steps_per_s']}")
     typer.echo("\n".join(lines))
 
 

@@ -7,6 +7,10 @@ from the model's buffer, never from the step's own trajectory), in batches throu
 ε_P, the Lemma 1 bound). Environments with code-judged consistency checks add them (the shop: click, option
 and reward consistency, :mod:`dreamgym.envs.shop.fidelity`). :func:`side_by_side` shows real vs dreamt next
 states; :func:`judge_transitions` scores dreamt transitions with an LLM judge on the paper's four rubrics.
+
+Dream to real (:func:`wm2real`): teacher forcing scores single steps; a policy's dreamt *episodes* are scored
+by replaying their actions in the real env from the same task and comparing how the two episodes end (final
+reward, success). :func:`dream_rollouts` plays a policy in the dream on the held-out tasks for it.
 """
 
 from __future__ import annotations
@@ -19,14 +23,18 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from dreamgym.envs.base import TextEnv
 from dreamgym.experience.annotate import REASONING_KEY, env_of
 from dreamgym.experience.metrics import FidelityRecord, fidelity_report, page_type
 from dreamgym.experience.model import ExperienceModel
 from dreamgym.experience.protocol import ExperiencePrediction, ExperienceQuery
 from dreamgym.llm.base import LLM, LLMError, SamplingParams
 from dreamgym.types import Trajectory
+
+if TYPE_CHECKING:
+    from dreamgym.agent.policy import LLMPolicy
 
 log = logging.getLogger(__name__)
 
@@ -127,13 +135,17 @@ def evaluate_experience_model(
     horizon: int = 15,
     judge: LLM | None = None,
     judge_n: int = 100,
+    policy: LLMPolicy | None = None,
+    policy_episodes: int = 50,
 ) -> dict[str, Any]:
     """Predict every selected held-out step (teacher-forced) and report the fidelity (see the module docstring).
 
     Returns :meth:`FidelityReport.as_dict` plus the env's consistency checks (``click_consistency``,
     ``reward_consistency``, ... for the shop), ``reasoning_exact`` (the dreamt trace equals the annotated one,
     where the data has traces), ``seconds``, ``steps_per_s``, the model's parse counts, and with ``show`` the
-    ``side_by_side`` rows, and with a ``judge`` LLM the rubric scores of :func:`judge_transitions`.
+    ``side_by_side`` rows, with a ``judge`` LLM the rubric scores of :func:`judge_transitions`, and with a
+    ``policy`` the :func:`wm2real` replay of its :func:`dream_rollouts` on ``policy_episodes`` held-out tasks
+    (``horizon`` steps at most). Invalid outputs count as wrong in all of them.
     """
     steps = heldout_steps(heldout, max_transitions, seed)
     if not steps:
@@ -152,9 +164,10 @@ def evaluate_experience_model(
         if checks is not None:
             report.update(checks(items))  # one env per held-out file in practice; the last one wins otherwise
 
-    traced = [(traj.transitions[t].info[REASONING_KEY], p.reasoning) for (traj, t), (_, p) in zip(steps, answers, strict=True)
-              if isinstance(traj.transitions[t].info.get(REASONING_KEY), str) and p.failure is None]
-    report["reasoning_exact"] = sum(a.strip() == (b or "").strip() for a, b in traced) / len(traced) if traced else None
+    traced = [(traj.transitions[t].info[REASONING_KEY], p) for (traj, t), (_, p) in zip(steps, answers, strict=True)
+              if isinstance(traj.transitions[t].info.get(REASONING_KEY), str)]
+    report["reasoning_exact"] = (sum(p.failure is None and a.strip() == (p.reasoning or "").strip() for a, p in traced)
+                                 / len(traced) if traced else None)  # an invalid output is wrong here too
     report["seconds"] = round(seconds, 1)
     report["steps_per_s"] = round(len(steps) / seconds, 2) if seconds > 0 else None
     report["model_stats"] = model.stats_dict()
@@ -162,7 +175,169 @@ def evaluate_experience_model(
         report["side_by_side"] = side_by_side(records, steps, show, seed)
     if judge is not None:
         report["judge"] = judge_transitions(judge, records, judge_n, seed)
+    if policy is not None:
+        from dreamgym.envs import make
+
+        dreamt = dream_rollouts(model, policy, heldout, policy_episodes, seed, horizon)
+        env, kwargs = real_env_of(heldout)
+        report["wm2real"] = wm2real(dreamt, lambda: make(env, **kwargs))
     return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The headline figures of a fidelity report as text: each accuracy beside its trivial baseline, with the
+    reward tolerance stated, ε_R over all and over terminal steps, and wm2real when the report has it."""
+    tol = report.get("settings", {}).get("reward_tol", 0.1)
+
+    def num(x: Any) -> str:
+        return "n/a" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
+
+    def row(name: str, value: Any, baseline: Any = None, what: str = "") -> str:
+        line = f"{name:46s} {num(value):>7s}"
+        return line + (f"   baseline {num(baseline):>7s} ({what})" if what else "")
+
+    copy = report.get("next_state_copy_baseline") or {}
+    eps = report.get("epsilon_r") or {}
+    lines = [
+        row("transitions (terminal)", f"{report['transitions']} ({report['terminal_transitions']})"),
+        row(f"reward_accuracy (|Δr| <= {tol:g})", report["reward_accuracy"], report["reward_majority_baseline"],
+            f"always {num(report['reward_majority'])}"),
+        row(f"terminal_reward_accuracy (|Δr| <= {tol:g})", report["terminal_reward_accuracy"],
+            report["terminal_reward_majority_baseline"], f"always {num(report['terminal_reward_majority'])}"),
+        row("terminal_reward_exact_accuracy (2 dec.)", report["terminal_reward_exact_accuracy"],
+            report["terminal_reward_exact_majority_baseline"], f"always {num(report['terminal_reward_majority'])}"),
+        row("done_accuracy", report["done_accuracy"], report["done_majority_baseline"],
+            f"always {report['done_majority']}"),
+        row("next_state_exact", report["next_state_exact"], copy.get("exact"), "copy the state"),
+        row("next_state_f1", report["next_state_f1"], copy.get("f1"), "copy the state"),
+        row("invalid_output_rate (wrong in all scores)", report["invalid_output_rate"]),
+    ]
+    lines += [row(key, report[key]) for key in report if key.endswith("_consistency")]
+    lines += [
+        row("epsilon_r max / q / terminal max / terminal q",
+            " / ".join(num(eps.get(k)) for k in ("max", "quantile", "terminal_max", "terminal_quantile"))),
+        row("epsilon_r (bounds) / epsilon_p", f"{num(eps.get('bound'))} / {num(report['epsilon_p'])}"),
+        row(f"lemma1_bound (gamma {report['gamma']:g})", report["lemma1_bound"]),
+    ]
+    w = report.get("wm2real")
+    if w:
+        lines += [
+            row("wm2real episodes (replayed / unreplayable)", f"{w['episodes']} / {w['unreplayable']}"),
+            row(f"wm2real_reward_agreement (|Δr| <= {w['reward_tol']:g})", w["reward_agreement"]),
+            row("wm2real_success_agreement", w["success_agreement"]),
+            row("wm2real success dreamt / real", f"{num(w['dreamt_success_rate'])} / {num(w['real_success_rate'])}"),
+            row("wm2real diverged (ended early / invalid)",
+                f"{w['diverged']} ({w['real_ended_early']} / {w['invalid_in_real'] + w['rejected_in_dream']})"),
+        ]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ dream to real
+
+
+def wm2real(dreamt: Sequence[Trajectory], make_env: Callable[[], TextEnv], reward_tol: float = 0.1) -> dict[str, Any]:
+    """Replay each dreamt episode's actions in the real env from the same task; how often the endings agree.
+
+    The real env (``make_env()``, closed afterwards) is reset with the episode's task and its reset seed
+    (``meta["seed"]``, when there is one) and steps the dreamt actions in order. An episode agrees on the
+    reward when the dreamt and the real final reward (the last step's) are within ``reward_tol``, and on
+    success when both succeeded or neither did. A replay that diverges is a disagreement on both, and stops:
+    the real episode ended before the dreamt actions did (``real_ended_early``), the real env rejected an action
+    the dream accepted (``invalid_in_real``) or accepted one the dream rejected (``rejected_in_dream``). An
+    episode without steps, or whose task the real env cannot be reset to, is left out (``unreplayable``).
+    Returns the rates (None when nothing was replayed), those counts and ``real_steps`` (real env steps taken).
+    """
+    if not dreamt:
+        raise ValueError("wm2real: no dreamt episodes to replay")
+    counts: Counter[str] = Counter()
+    pairs: list[tuple[tuple[float, bool], tuple[float, bool], bool]] = []  # dreamt end, real end, diverged
+    env = make_env()
+    try:
+        for traj in dreamt:
+            seed = traj.meta.get("seed")
+            try:
+                if not traj.transitions:
+                    raise ValueError("no steps")
+                env.reset(seed=seed if isinstance(seed, int) else None, options={"task": traj.task})
+            except (ValueError, KeyError) as e:
+                counts["unreplayable"] += 1
+                log.debug("wm2real: cannot replay %s: %s", traj.traj_id, e)
+                continue
+            real, diverged = (0.0, False), ""
+            for i, x in enumerate(traj.transitions):
+                _, reward, terminated, _, info = env.step(x.action)
+                counts["real_steps"] += 1
+                real = (float(reward), bool(info.get("success", False)))
+                in_real, in_dream = bool(info.get("invalid_action")), bool(x.info.get("invalid_action"))
+                if in_real != in_dream:
+                    diverged = "invalid_in_real" if in_real else "rejected_in_dream"
+                elif terminated and i < len(traj.transitions) - 1:
+                    diverged = "real_ended_early"
+                if diverged:
+                    counts[diverged] += 1
+                    break
+            pairs.append(((traj.transitions[-1].reward, traj.success), real, bool(diverged)))
+    finally:
+        env.close()
+    n = len(pairs)
+    tol = reward_tol + 1e-9  # rewards are written with 2 decimals
+
+    def rate(xs: Sequence[bool]) -> float | None:
+        return sum(xs) / n if n else None
+
+    return {
+        "episodes": n,
+        "reward_agreement": rate([not d and abs(a[0] - b[0]) <= tol for a, b, d in pairs]),
+        "success_agreement": rate([not d and a[1] == b[1] for a, b, d in pairs]),
+        "reward_tol": reward_tol,
+        "dreamt_success_rate": rate([a[1] for a, _, _ in pairs]),
+        "real_success_rate": rate([b[1] for _, b, _ in pairs]),
+        "dreamt_mean_final_reward": sum(a[0] for a, _, _ in pairs) / n if n else None,
+        "real_mean_final_reward": sum(b[0] for _, b, _ in pairs) / n if n else None,
+        "diverged": sum(d for _, _, d in pairs),
+        **{key: counts[key] for key in ("real_ended_early", "invalid_in_real", "rejected_in_dream", "unreplayable",
+                                        "real_steps")},
+    }
+
+
+def dream_rollouts(
+    model: ExperienceModel, policy: LLMPolicy, heldout: Sequence[Trajectory], episodes: int, seed: int = 0,
+    max_steps: int = 15, num_envs: int = 16,
+) -> list[Trajectory]:
+    """Greedy episodes of ``policy`` in the dream of ``model`` on the tasks of the first ``episodes`` distinct
+    held-out tasks, from their real initial states (the real env of the data as the action grammar; nothing is
+    added to the model's buffer). Episode ``i`` is reset with seed ``seed + i`` (kept in ``meta["seed"]``)."""
+    from dreamgym.envs import make
+    from dreamgym.experience.dream import DreamEnv, DreamEnvPool, InitialStates
+    from dreamgym.rl.rollout import collect_rollouts
+
+    if episodes < 1:
+        raise ValueError(f"episodes must be >= 1, got {episodes}")
+    env, kwargs = real_env_of(heldout)
+    tasks = list({traj.task.task_id: traj.task for traj in heldout if traj.transitions}.values())[:episodes]
+    grammar = make(env, **kwargs)
+    initial = InitialStates.from_trajectories(heldout)
+    pool = DreamEnvPool(lambda: DreamEnv(model, {"test": tasks}, initial, grammar=grammar, max_steps=max_steps),
+                        min(num_envs, len(tasks)), add_to_buffer=False)
+    try:
+        played = collect_rollouts(pool, policy, tasks, group_size=1, max_steps=max_steps, greedy=True, seed=seed,
+                                  split="test")
+    finally:
+        pool.close()
+        grammar.close()
+    return [e.to_trajectory(policy.name, env) for e in played]
+
+
+def real_env_of(trajs: Sequence[Trajectory]) -> tuple[str, dict[str, Any]]:
+    """``(env name, constructor kwargs)`` the trajectories were recorded with (``meta["env_kwargs"]``); they
+    must share one env."""
+    envs = sorted({env_of(t) for t in trajs})
+    if len(envs) != 1:
+        raise ValueError(f"the trajectories must come from one env, got {', '.join(envs) or 'none'}")
+    kwargs: Any = next((t.meta["env_kwargs"] for t in trajs if t.meta.get("env_kwargs")), {})
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"meta.env_kwargs must be an object, got {kwargs!r}")
+    return envs[0], kwargs
 
 
 # ------------------------------------------------------------------------------------------ LLM judge

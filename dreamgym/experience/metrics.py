@@ -7,16 +7,27 @@ Aggregated in :class:`FidelityReport`, which also estimates the model errors of 
 
 * ε_R = sup |R − R̂|. A supremum cannot be estimated from samples: the sample max is set by a single outlier
   (one wrong purchase reward makes it 1.0) and the mean understates it. The report gives the mean, the max and
-  a high quantile (default 0.95); the bounds plug in the quantile, an estimate that ignores the worst 5% of
-  steps, not a guarantee.
+  a high quantile (default 0.95), over all steps and over terminal steps only. Rewards are decided on terminal
+  steps (the shop rewards purchases only): when they are a few percent of the steps, the all-steps quantile is
+  0 however many purchase rewards are wrong. The bounds therefore plug in ``epsilon_r["bound"]``, the larger of
+  the terminal-only and the all-steps quantile (the all-steps one alone without terminal steps): an estimate
+  that ignores the worst 5% of the steps of each kind, not a guarantee.
 * ε_P = sup TV(P(·|s,a), P̂(·|s,a)). The real envs are deterministic and greedy decoding is too, so for one
   (s, a) both distributions are point masses and their TV distance is exactly 1[ŝ' ≠ s'] (0 when equal).
   We compare next states as element sets (order-insensitive), so ε_P = 1 − element-set match rate: the
   average-case TV, a proxy for the sup.
 
 The real done flag is :func:`~dreamgym.experience.protocol.terminated` (a ``max_steps`` cut is not an ending).
-Invalid model outputs are scored as the fallback the dream env serves instead (``failure_prediction``:
-state unchanged, reward 0, not done), since that is what the policy would have seen.
+An invalid (unparsable) model output is wrong in every score: its reward, done flag and next state count as
+wrong in every accuracy, match rate and F1, and its reward error is R_max. The fallback the dream env serves
+instead (``failure_prediction``: state unchanged, reward 0, not done) is not scored as a prediction: it often
+equals the real outcome (most steps earn 0 and do not end, an invalid action leaves the state as it was), so
+a model that never answers would otherwise score well.
+
+Each accuracy comes with its trivial baseline: always predicting the most common real value
+(``done_majority_baseline``, ``reward_majority_baseline``, ``terminal_reward_majority_baseline``, and the
+exact one for ``terminal_reward_exact_accuracy``), and for the next state, copying the current state
+(``next_state_copy_baseline``).
 """
 
 from __future__ import annotations
@@ -148,24 +159,34 @@ class FidelityRecord:
 
 @dataclass
 class FidelityReport:
-    """Aggregated fidelity of predicted transitions (see the module docstring for ε_R, ε_P and the bounds)."""
+    """Aggregated fidelity of predicted transitions (see the module docstring for ε_R, ε_P and the bounds).
+
+    Accuracies count an invalid output as wrong; ``*_baseline`` is the accuracy of a trivial predictor.
+    """
 
     transitions: int
     reward_accuracy: float  # |r̂ − r| <= reward_tol
+    reward_majority: float  # the most common real reward (2 decimals)
+    reward_majority_baseline: float  # accuracy (within reward_tol) of always predicting it
     terminal_transitions: int
-    terminal_reward_accuracy: float | None  # the same, on steps where the real env ended the episode
+    terminal_reward_accuracy: float | None  # |r̂ − r| <= reward_tol on steps where the real env ended the episode
+    terminal_reward_exact_accuracy: float | None  # r̂ = r to 2 decimals, on the same steps
     terminal_reward_majority: float | None  # the most common terminal reward (2 decimals)
-    terminal_reward_majority_baseline: float | None  # accuracy of always predicting it on terminal steps
+    terminal_reward_majority_baseline: float | None  # accuracy (within reward_tol) of always predicting it
+    terminal_reward_exact_majority_baseline: float | None  # its exact (2 decimals) accuracy
     reward_mae: float
     done_accuracy: float
+    done_majority: bool  # the most common real done flag
+    done_majority_baseline: float  # accuracy of always predicting it
     invalid_output_rate: float
     invalid_output_reasons: dict[str, int]
     next_state_exact: float
     next_state_set_match: float
     next_state_f1: float
+    next_state_copy_baseline: dict[str, float]  # exact, set_match and f1 of predicting s' = s
     next_state_f1_by_page: dict[str, float]  # by the page type of the real next state
     transitions_by_page: dict[str, int]
-    epsilon_r: dict[str, float]  # mean, max, quantile (used for the bounds), q
+    epsilon_r: dict[str, float | None]  # mean, max, quantile, q; terminal_*; bound (used for the bounds)
     epsilon_p: float
     gamma: float
     lemma1_bound: float
@@ -181,6 +202,12 @@ def _mean(xs: Sequence[float]) -> float:
     return float(sum(xs) / len(xs))
 
 
+def _majority(values: Sequence[float]) -> float:
+    """The most common value; ties go to the smaller one (deterministic)."""
+    counts = Counter(values)
+    return min(counts, key=lambda v: (-counts[v], v))
+
+
 def fidelity_report(
     records: Sequence[FidelityRecord],
     reward_tol: float = 0.1,
@@ -189,55 +216,84 @@ def fidelity_report(
     horizon: int = 15,
     r_max: float = 1.0,
 ) -> FidelityReport:
-    """Score ``records``; ε_R for the bounds is the ``quantile`` of |r̂ − r| (see the module docstring)."""
+    """Score ``records``; ε_R for the bounds is ``epsilon_r["bound"]`` (see the module docstring)."""
     if not records:
         raise ValueError("fidelity_report: no transitions to score")
     if not 0.0 <= quantile <= 1.0:
         raise ValueError(f"quantile must be in [0, 1], got {quantile}")
     tol = reward_tol + 1e-9  # rewards are written with 2 decimals; keep 0.85 vs 0.75 inside a 0.1 tolerance
-    abs_err = [abs(r.prediction.reward - r.gold.reward) for r in records]
+    valid = [r.prediction.failure is None for r in records]
+    abs_err = [abs(r.prediction.reward - r.gold.reward) if ok else r_max for r, ok in zip(records, valid, strict=True)]
+    reward_ok = [ok and e <= tol for ok, e in zip(valid, abs_err, strict=True)]
+    exact_ok = [ok and round(r.prediction.reward, 2) == round(r.gold.reward, 2)
+                for r, ok in zip(records, valid, strict=True)]
     gold_done = [terminated(r.gold) for r in records]  # a max_steps cut is not an ending M_exp should predict
-    terminal = [(r, e) for r, e, d in zip(records, abs_err, gold_done, strict=True) if d]
+    terminal = [i for i, d in enumerate(gold_done) if d]
+    gold_rewards = [round(r.gold.reward, 2) for r in records]
 
-    majority = majority_acc = None
+    reward_majority = _majority(gold_rewards)
+    done_majority = bool(_majority([float(d) for d in gold_done]))
+    majority = majority_acc = majority_exact = None
     if terminal:
-        counts = Counter(round(r.gold.reward, 2) for r, _ in terminal)
-        majority = min(counts, key=lambda v: (-counts[v], v))  # most common; ties -> the smaller reward
-        majority_acc = _mean([abs(r.gold.reward - majority) <= tol for r, _ in terminal])
+        majority = _majority([gold_rewards[i] for i in terminal])
+        majority_acc = _mean([abs(records[i].gold.reward - majority) <= tol for i in terminal])
+        majority_exact = _mean([gold_rewards[i] == majority for i in terminal])
 
-    f1 = [state_token_f1(r.prediction.next_state, r.gold.next_state) for r in records]
-    set_match = [element_set_match(r.prediction.next_state, r.gold.next_state) for r in records]
+    f1 = [state_token_f1(r.prediction.next_state, r.gold.next_state) if ok else 0.0
+          for r, ok in zip(records, valid, strict=True)]
+    set_match = [ok and element_set_match(r.prediction.next_state, r.gold.next_state)
+                 for r, ok in zip(records, valid, strict=True)]
     by_page: dict[str, list[float]] = defaultdict(list)
     for r, score in zip(records, f1, strict=True):
         by_page[page_type(r.gold.next_state)].append(score)
 
     eps_r_q = float(np.quantile(abs_err, quantile, method="higher"))
+    terminal_err = [abs_err[i] for i in terminal]
+    eps_r_terminal = float(np.quantile(terminal_err, quantile, method="higher")) if terminal else None
+    eps_r = max(eps_r_q, eps_r_terminal) if eps_r_terminal is not None else eps_r_q
     eps_p = 1.0 - _mean(set_match)
     return FidelityReport(
         transitions=len(records),
-        reward_accuracy=_mean([e <= tol for e in abs_err]),
+        reward_accuracy=_mean(reward_ok),
+        reward_majority=reward_majority,
+        reward_majority_baseline=_mean([abs(r.gold.reward - reward_majority) <= tol for r in records]),
         terminal_transitions=len(terminal),
-        terminal_reward_accuracy=_mean([e <= tol for _, e in terminal]) if terminal else None,
+        terminal_reward_accuracy=_mean([reward_ok[i] for i in terminal]) if terminal else None,
+        terminal_reward_exact_accuracy=_mean([exact_ok[i] for i in terminal]) if terminal else None,
         terminal_reward_majority=majority,
         terminal_reward_majority_baseline=majority_acc,
+        terminal_reward_exact_majority_baseline=majority_exact,
         reward_mae=_mean(abs_err),
-        done_accuracy=_mean([r.prediction.done == d for r, d in zip(records, gold_done, strict=True)]),
-        invalid_output_rate=_mean([r.prediction.failure is not None for r in records]),
+        done_accuracy=_mean([ok and r.prediction.done == d for r, ok, d in zip(records, valid, gold_done, strict=True)]),
+        done_majority=done_majority,
+        done_majority_baseline=_mean([d == done_majority for d in gold_done]),
+        invalid_output_rate=_mean([not ok for ok in valid]),
         invalid_output_reasons=dict(
             sorted(Counter(r.prediction.failure for r in records if r.prediction.failure).items())
         ),
         next_state_exact=_mean(
-            [next_state_exact(r.prediction.next_state, r.gold.next_state) for r in records]
+            [ok and next_state_exact(r.prediction.next_state, r.gold.next_state) for r, ok in zip(records, valid, strict=True)]
         ),
         next_state_set_match=_mean(set_match),
         next_state_f1=_mean(f1),
+        next_state_copy_baseline={
+            "exact": _mean([next_state_exact(r.gold.state, r.gold.next_state) for r in records]),
+            "set_match": _mean([element_set_match(r.gold.state, r.gold.next_state) for r in records]),
+            "f1": _mean([state_token_f1(r.gold.state, r.gold.next_state) for r in records]),
+        },
         next_state_f1_by_page={page: _mean(scores) for page, scores in sorted(by_page.items())},
         transitions_by_page={page: len(scores) for page, scores in sorted(by_page.items())},
-        epsilon_r={"mean": _mean(abs_err), "max": max(abs_err), "quantile": eps_r_q, "q": quantile},
+        epsilon_r={
+            "mean": _mean(abs_err), "max": max(abs_err), "quantile": eps_r_q, "q": quantile,
+            "terminal_mean": _mean(terminal_err) if terminal else None,
+            "terminal_max": max(terminal_err) if terminal else None,
+            "terminal_quantile": eps_r_terminal,
+            "bound": eps_r,
+        },
         epsilon_p=eps_p,
         gamma=gamma,
-        lemma1_bound=lemma1_bound(eps_r_q, eps_p, gamma, r_max),
+        lemma1_bound=lemma1_bound(eps_r, eps_p, gamma, r_max),
         horizon=horizon,
-        finite_horizon_bound=finite_horizon_bound(eps_r_q, eps_p, horizon, r_max, v_max=r_max),
+        finite_horizon_bound=finite_horizon_bound(eps_r, eps_p, horizon, r_max, v_max=r_max),
         settings={"reward_tol": reward_tol, "r_max": r_max},
     )

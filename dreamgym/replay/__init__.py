@@ -10,7 +10,7 @@ from dreamgym.replay.encoder import (
     phi_text,
 )
 from dreamgym.replay.index import IndexConfig
-from dreamgym.replay.record import ReplayRecord, Retrieved
+from dreamgym.replay.record import ReplayRecord, Retrieved, transition_key
 
 __all__ = [
     "BufferStats",
@@ -24,4 +24,5 @@ __all__ = [
     "Retrieved",
     "make_encoder",
     "phi_text",
+    "transition_key",
 ]

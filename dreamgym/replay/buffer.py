@@ -5,10 +5,15 @@ the experience model retrieves the top-k stored transitions whose φ(state, acti
 the current one's. Persistence and crash safety live in :mod:`~dreamgym.replay.store`, the ANN index in
 :mod:`~dreamgym.replay.index`, φ in :mod:`~dreamgym.replay.encoder`.
 
-Filters (``env``, ``source``, ``exclude_traj``) are applied after the index search, which over-fetches in
-proportion to how many rows the filter rejects; a query left with fewer than k hits (while more exist) is
-answered by an exact search over the rows that pass. Filters that keep at most ``exact_max_rows`` rows are
+Filters (``env``, ``source``, ``exclude_traj``, ``exclude_key``) are applied after the index search, which
+over-fetches in proportion to how many rows the filter rejects; a query left with fewer than k hits (while more
+exist) is answered by an exact search over the rows that pass. Filters that keep at most ``exact_max_rows`` rows are
 always answered exactly. Not thread-safe: one buffer object per thread.
+
+Duplicates are stored once, under the trajectory that added them first, so excluding a query's own trajectory
+does not keep its own transition out when another trajectory holds the same one: ``exclude_key`` (a
+:func:`~dreamgym.replay.record.transition_key`) excludes the rows holding that exact transition, wherever
+they came from.
 """
 
 from __future__ import annotations
@@ -198,9 +203,11 @@ class ReplayBuffer:
         env: str | None = None,
         exclude_traj: str | None = None,
         source: str | None = None,
+        exclude_key: bytes | None = None,
     ) -> list[Retrieved]:
         """The k stored transitions most similar to (state, action), best first."""
-        return self.retrieve_batch([(state, action)], k, env=env, exclude_traj=[exclude_traj], source=source)[0]
+        return self.retrieve_batch([(state, action)], k, env=env, exclude_traj=[exclude_traj], source=source,
+                                   exclude_key=[exclude_key])[0]
 
     def retrieve_batch(
         self,
@@ -210,15 +217,17 @@ class ReplayBuffer:
         env: str | None = None,
         exclude_traj: Sequence[str | None] | None = None,
         source: str | None = None,
+        exclude_key: Sequence[bytes | None] | None = None,
     ) -> list[list[Retrieved]]:
         """:meth:`retrieve` for many (state, action) queries in one encoder call and one index search.
 
-        ``exclude_traj`` gives one trajectory id (or None) per query, e.g. each episode's own.
+        ``exclude_traj`` gives one trajectory id (or None) per query, e.g. each episode's own; ``exclude_key``
+        one transition key (or None) per query, e.g. the key of the transition the query is for.
         """
         if not queries:
             return []
         embeddings = self.phi.encode([phi_text(s, a) for s, a in queries])
-        return self.search(embeddings, k, env=env, exclude_traj=exclude_traj, source=source)
+        return self.search(embeddings, k, env=env, exclude_traj=exclude_traj, source=source, exclude_key=exclude_key)
 
     def search(
         self,
@@ -228,9 +237,11 @@ class ReplayBuffer:
         env: str | None = None,
         exclude_traj: Sequence[str | None] | None = None,
         source: str | None = None,
+        exclude_key: Sequence[bytes | None] | None = None,
     ) -> list[list[Retrieved]]:
         """Retrieval for precomputed query embeddings (``n x dim``, unit rows)."""
-        hits = self.search_rows(embeddings, k, env=env, exclude_traj=exclude_traj, source=source)
+        hits = self.search_rows(embeddings, k, env=env, exclude_traj=exclude_traj, source=source,
+                                exclude_key=exclude_key)
         return [
             [Retrieved(**self.store.record(row).model_dump(), score=score, row=row) for row, score in q]
             for q in hits
@@ -244,6 +255,7 @@ class ReplayBuffer:
         env: str | None = None,
         exclude_traj: Sequence[str | None] | None = None,
         source: str | None = None,
+        exclude_key: Sequence[bytes | None] | None = None,
     ) -> list[list[tuple[int, float]]]:
         """Like :meth:`search` but returns (row, cosine) pairs without reading the records."""
         queries = np.atleast_2d(np.asarray(embeddings, dtype=np.float32))
@@ -252,12 +264,15 @@ class ReplayBuffer:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         excludes = list(exclude_traj) if exclude_traj is not None else [None] * len(queries)
+        keys = list(exclude_key) if exclude_key is not None else [None] * len(queries)
         if len(excludes) != len(queries):
             raise ValueError(f"exclude_traj has {len(excludes)} entries for {len(queries)} queries")
+        if len(keys) != len(queries):
+            raise ValueError(f"exclude_key has {len(keys)} entries for {len(queries)} queries")
         env_code = self.store.envs.codes.get(env, -1) if env is not None else None
         source_code = self.store.sources.codes.get(source, -1) if source is not None else None
         passing = self._count_passing(env_code, source_code)
-        excluded = [self._excluded_rows(t, env_code, source_code) for t in excludes]
+        excluded = [self._excluded_rows(t, key, env_code, source_code) for t, key in zip(excludes, keys, strict=True)]
         if passing == 0:
             return [[] for _ in excludes]
         filtered = env is not None or source is not None
@@ -310,10 +325,15 @@ class ReplayBuffer:
             if (env_code is None or e == env_code) and (source_code is None or s == source_code)
         )
 
-    def _excluded_rows(self, traj_id: str | None, env_code: int | None, source_code: int | None) -> set[int]:
-        """Rows of ``traj_id``, and hidden rows, that would otherwise pass the filter."""
+    def _excluded_rows(
+        self, traj_id: str | None, key: bytes | None, env_code: int | None, source_code: int | None
+    ) -> set[int]:
+        """Rows of ``traj_id``, rows holding the transition ``key``, and hidden rows, that would otherwise pass
+        the filter."""
         code = self.store.trajs.codes.get(traj_id) if traj_id is not None else None
         rows = set(self.store.traj_rows[code]) if code is not None else set()
+        if key is not None:
+            rows.update(self.store.rows_of_key(key))
         return {
             r
             for r in rows | self.hidden_rows

@@ -46,8 +46,7 @@ class ReplayRecord(BaseModel):
 
     def key(self) -> bytes:
         """Exact-duplicate key: a 128-bit hash of (env, state, action, next_state, reward, done)."""
-        payload = json.dumps([self.env, self.state, self.action, self.next_state, self.reward, self.done])
-        return hashlib.blake2b(payload.encode(), digest_size=16).digest()
+        return _key(self.env, self.state, self.action, self.next_state, self.reward, self.done)
 
     @classmethod
     def from_trajectory(cls, traj: Trajectory, iteration: int = -1) -> list[ReplayRecord]:
@@ -69,6 +68,18 @@ class ReplayRecord(BaseModel):
             )
             for t, x in enumerate(traj.transitions)
         ]
+
+
+def _key(env: str, state: str, action: str, next_state: str, reward: float, done: bool) -> bytes:
+    payload = json.dumps([env, state, action, next_state, reward, done])
+    return hashlib.blake2b(payload.encode(), digest_size=16).digest()
+
+
+def transition_key(traj: Trajectory, t: int) -> bytes:
+    """The :meth:`ReplayRecord.key` of step ``t`` of ``traj``: the key its one stored copy has in a buffer,
+    whichever trajectory that copy was added under (duplicates are kept once)."""
+    x = traj.transitions[t]
+    return _key(traj.task.env, x.state, x.action, x.next_state, x.reward, x.done)
 
 
 class Retrieved(ReplayRecord):

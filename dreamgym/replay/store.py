@@ -15,7 +15,7 @@ the batch being written and never exposes half a record; readers may open a buff
 
 Besides the files, the store keeps in memory what retrieval filters need (env, source and trajectory of each
 row as small integer codes), the byte offset of each record (records are read back with ``pread``) and the
-exact-duplicate keys.
+exact-duplicate keys with the rows that hold them.
 """
 
 from __future__ import annotations
@@ -112,7 +112,8 @@ class TransitionStore:
         self.traj_rows: dict[int, list[int]] = {}
         self.counts: Counter[tuple[int, int]] = Counter()  # rows per (env code, source code)
         self.iterations: Counter[int] = Counter()
-        self._keys: set[bytes] = set()
+        self._key_rows: dict[bytes, int] = {}  # exact-duplicate key -> the first row holding it
+        self._more_key_rows: dict[bytes, list[int]] = {}  # later rows with the same key (re-added hidden rows)
         self._emb_view: np.ndarray | None = None
         self._read_fd = -1
         self._rec_fd = self._emb_fd = -1
@@ -215,7 +216,10 @@ class TransitionStore:
         self.traj_rows.setdefault(traj, []).append(self.rows)
         self.counts[env, source] += 1
         self.iterations[record.iteration] += 1
-        self._keys.add(key)
+        if key in self._key_rows:
+            self._more_key_rows.setdefault(key, []).append(self.rows)
+        else:
+            self._key_rows[key] = self.rows
         self._offsets.append(end)
         self.rows += 1
 
@@ -225,7 +229,13 @@ class TransitionStore:
         return self.rows
 
     def __contains__(self, key: bytes) -> bool:
-        return key in self._keys
+        return key in self._key_rows
+
+    def rows_of_key(self, key: bytes) -> list[int]:
+        """The rows holding the transition with this exact-duplicate key (none, or one unless re-added after
+        :meth:`~dreamgym.replay.ReplayBuffer.hide_rows`)."""
+        first = self._key_rows.get(key)
+        return [] if first is None else [first, *self._more_key_rows.get(key, ())]
 
     def append(self, records: Sequence[ReplayRecord], keys: Sequence[bytes], embeddings: np.ndarray) -> None:
         """Commit one batch (already deduplicated, embeddings float32 ``len(records) x dim``) atomically."""

@@ -535,6 +535,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
     metrics_path = run / "metrics.jsonl"
     _truncate_metrics(metrics_path, state.iteration)
     started = time.monotonic() - state.seconds
+    episodes: list[Episode] = []  # the last iteration's rollouts (a dream run's summary replays them: wm2real)
     try:
         if ckpt is None and cfg.eval_at_start and eval_pool is not None:
             result = evaluate(policy, eval_pool, cfg, state)
@@ -639,7 +640,13 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
     save_policy(run, model, tokenizer, policy.cfg)  # RUN is itself a policy run dir (dreamgym eval --policy RUN)
     summary = write_summary(run, cfg, state)
     if isinstance(pool, DreamEnvPool):
+        from dreamgym.experience.fidelity import wm2real
+
         summary["experience_model"] = pool.model.stats_dict()
+        # Dream to real: the last iteration's dreamt episodes replayed in the real env (its steps are not
+        # counted in real_transitions: nothing is trained on them). None when no iteration ran in this call.
+        dreamt = [e.to_trajectory(policy.name) for e in episodes]
+        summary["wm2real"] = wm2real(dreamt, make_env_factory(cfg)) if dreamt else None
         (run / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 

@@ -1,20 +1,25 @@
 """Automatic causal-consistency checks of dreamt shop transitions, judged by code against the shop's rules.
 
 Each check looks at one step (the real state and action, the task goal) and the experience model's answer
-(dreamt next state and reward), and says whether the answer is what the shop's rules imply *given what the
-dreamt text itself claims*; a step the check does not apply to gets None.
+(dreamt next state and reward), and says whether the answer is what the shop's rules imply for the *real*
+state and action; a step the check does not apply to gets None. An invalid (unparsable) answer fails every
+check that applies to its step (reason ``invalid_output``): the failure state the dream serves instead is
+not the model's answer.
 
 * :func:`click_check`: a click on a result link must open that product's item page: the dreamt state has the
   text lines ``<ASIN> — <title>`` and ``Price: $<price>`` exactly as the clicked link
   ``<ASIN> — <title> | $<price>`` shows them in the current state.
 * :func:`option_check`: a click on an option of an item page keeps the product (its id/title and price lines)
   and marks the clicked ``name=value (selected)``.
-* :func:`reward_check`: buying from an item page must end on a done page (``You bought <ASIN> (<options>)``),
-  and the dreamt reward must equal :func:`~dreamgym.envs.shop.reward.purchase_reward` of the task goal for
-  the product and options *that done page names* (rounded to the 2 decimals the protocol writes). The product's
-  category, attributes and price come from the catalog, looked up by the dreamt id: the item page shows only
-  two attributes, and a dreamt id the catalog does not have is a hallucinated product (inconsistent).
-  Every other step must have reward 0 (:func:`zero_reward_check`): the shop rewards purchases only.
+* :func:`reward_check`: buying from an item page earns :func:`~dreamgym.envs.shop.reward.purchase_reward` of
+  the task goal for the product and the options selected *on the real item page* (rounded to the 2 decimals
+  the protocol writes); the dreamt reward must equal it. What the dreamt done page claims was bought plays no
+  part (a dreamt "you bought the target, reward 1.0" after buying another product is inconsistent). The
+  product's category, attributes and price come from the catalog, looked up by the page's id: the item page
+  shows only two attributes.
+* :func:`purchase_page_check`: the dreamt page after a purchase is a done page naming that real product and
+  those options (``You bought <ASIN> (<options>)``).
+* Every other step must have reward 0 (:func:`zero_reward_check`): the shop rewards purchases only.
 
 :func:`consistency_report` aggregates them over many steps (rates and counted failure reasons);
 :func:`check_steps` runs them on held-out trajectories (goal from the task, catalog rebuilt from the
@@ -139,18 +144,50 @@ def is_purchase(state: str, action: str) -> bool:
     return _is_item_page(state) and parse_action(action) == ("click", "buy now")
 
 
-def reward_check(goal: ShopGoal, catalog: Catalog, dreamt: str, reward: float) -> Check:
-    """Whether the dreamt reward of a purchase is the shop's reward for the purchase the dreamt page names."""
-    purchase = bought(dreamt)
-    if purchase is None:
-        return Check(False, "no_purchase_page")
-    asin, selected = purchase
+def item_on_page(state: str) -> tuple[str, dict[str, str]] | None:
+    """``(ASIN, {option: value selected})`` of an item page (its first text line is ``<ASIN> — <title>``)."""
+    texts = _texts(state)
+    if not _is_item_page(state) or not texts:
+        return None
+    selected = {}
+    for kind, text in elements(state):
+        match = _OPTION.match(text) if kind == "option" else None
+        if match is not None and match.group(3):
+            selected[match.group(1)] = match.group(2)
+    return texts[0].split(" — ", 1)[0].strip(), selected
+
+
+def real_purchase_reward(goal: ShopGoal, catalog: Catalog, state: str) -> float:
+    """The shop's reward (2 decimals) for clicking Buy Now on the real item page ``state``.
+
+    Raises :class:`DataError` when ``state`` is not an item page of a product of ``catalog`` (the data and the
+    catalog rebuilt for it disagree).
+    """
+    item = item_on_page(state)
+    if item is None:
+        raise DataError(f"not a shop item page: {state.splitlines()[0] if state else state!r}")
+    asin, selected = item
     try:
         product = catalog.get(asin)
     except KeyError:
-        return Check(False, "unknown_product")
-    expected = round(purchase_reward(goal, product, selected).total, 2)
+        raise DataError(f"item page of {asin}, which the shop's catalog does not have (wrong meta.env_kwargs?)") from None
+    return round(purchase_reward(goal, product, selected).total, 2)
+
+
+def reward_check(goal: ShopGoal, catalog: Catalog, state: str, reward: float) -> Check:
+    """Whether the dreamt ``reward`` of buying from the real item page ``state`` is the shop's reward for it."""
+    expected = real_purchase_reward(goal, catalog, state)
     return Check(True) if abs(reward - expected) <= REWARD_TOL else Check(False, "reward_differs")
+
+
+def purchase_page_check(state: str, dreamt: str) -> Check:
+    """Whether the dreamt page after buying from the real item page ``state`` names that product and options."""
+    purchase, item = bought(dreamt), item_on_page(state)
+    if purchase is None:
+        return Check(False, "no_purchase_page")
+    if item is None or purchase[0].upper() != item[0].upper():
+        return Check(False, "wrong_product")
+    return Check(True) if purchase[1] == item[1] else Check(False, "wrong_options")
 
 
 def zero_reward_check(reward: float) -> Check:
@@ -167,6 +204,7 @@ class ShopStep:
     action: str
     dreamt_state: str
     dreamt_reward: float
+    failure: str | None = None  # the parse failure of an invalid answer (its dreamt fields are the fallback)
 
 
 def _rate(checks: Sequence[Check]) -> dict[str, Any]:
@@ -179,25 +217,24 @@ def _rate(checks: Sequence[Check]) -> dict[str, Any]:
 
 
 def consistency_report(steps: Sequence[ShopStep]) -> dict[str, Any]:
-    """Rates (None where no step applies), counts and failure reasons of the four checks over ``steps``."""
-    clicks, options, rewards, zeros = [], [], [], []
+    """Rates (None where no step applies), counts and failure reasons of the five checks over ``steps``."""
+    parts: dict[str, list[Check]] = {"click": [], "option": [], "reward": [], "purchase_page": [], "zero_reward": []}
+    invalid = Check(False, "invalid_output")
     for s in steps:
-        if (c := click_check(s.state, s.action, s.dreamt_state)) is not None:
-            clicks.append(c)
-        if (o := option_check(s.state, s.action, s.dreamt_state)) is not None:
-            options.append(o)
+        verdicts: dict[str, Check | None] = {
+            "click": click_check(s.state, s.action, s.dreamt_state),
+            "option": option_check(s.state, s.action, s.dreamt_state),
+        }
         if is_purchase(s.state, s.action):
-            rewards.append(reward_check(s.goal, s.catalog, s.dreamt_state, s.dreamt_reward))
+            verdicts["reward"] = reward_check(s.goal, s.catalog, s.state, s.dreamt_reward)
+            verdicts["purchase_page"] = purchase_page_check(s.state, s.dreamt_state)
         else:
-            zeros.append(zero_reward_check(s.dreamt_reward))
-    parts = {"click": _rate(clicks), "option": _rate(options), "reward": _rate(rewards), "zero_reward": _rate(zeros)}
-    return {
-        "click_consistency": parts["click"]["rate"],
-        "option_consistency": parts["option"]["rate"],
-        "reward_consistency": parts["reward"]["rate"],
-        "zero_reward_consistency": parts["zero_reward"]["rate"],
-        "consistency_checks": parts,
-    }
+            verdicts["zero_reward"] = zero_reward_check(s.dreamt_reward)
+        for name, verdict in verdicts.items():
+            if verdict is not None:
+                parts[name].append(invalid if s.failure is not None else verdict)
+    rates = {name: _rate(checks) for name, checks in parts.items()}
+    return {**{f"{name}_consistency": rate["rate"] for name, rate in rates.items()}, "consistency_checks": rates}
 
 
 @functools.lru_cache(maxsize=4)
@@ -224,5 +261,6 @@ def check_steps(items: Sequence[tuple[Trajectory, int, ExperiencePrediction]]) -
     for traj, t, prediction in items:
         x = traj.transitions[t]
         goal = ShopGoal.from_dict(traj.task.goal, traj.task.task_id)
-        steps.append(ShopStep(goal, catalog_of(traj), x.state, x.action, prediction.next_state, prediction.reward))
+        steps.append(ShopStep(goal, catalog_of(traj), x.state, x.action, prediction.next_state, prediction.reward,
+                              prediction.failure))
     return consistency_report(steps)
