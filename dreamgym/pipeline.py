@@ -69,9 +69,9 @@ class DemoConfig(BaseModel):
     heldout_noise: float = Field(default=0.5, ge=0, le=1, description="the held-out collection's noise: more "
                                  "imperfect purchases than the offline data, so a terminal reward is not nearly always 1")
     # experience model
-    # 128 hidden x 4 layers (~1.3M params): ~2.5x the tokens/s of "small", so more epochs in the budget,
-    # and a dream step generates faster; copying is what it must learn (the TARGET line helps, see protocol.py)
-    exp_model: str = "128x4"
+    # the shipped pre-trained base (128 hidden x 4 layers, ~1.3M params; dreamgym.llm.pretrained): it copies and
+    # compares before it sees the env (benchmarks/pretrained_base.py); "128x4" trains the same shape from scratch
+    exp_model: str = "pretrained"
     exp_protocol: dict[str, Any] = Field(default_factory=lambda: {"k": 1, "neighbour_states": False,
                                                                   "system_prompt": "", "history_window": 2,
                                                                   "ground_action": True})
@@ -80,8 +80,8 @@ class DemoConfig(BaseModel):
                                                              "num_threads": 2})
     exp_mixture: dict[str, float] | None = Field(default=None, description="examples per transition by the page "
                                                  "type of its next state (None = each once; shop: SHOP_DEFAULTS)")
-    # policy
-    policy_model: str = "micro"
+    # policy: the same pre-trained base ("micro" is the former from-scratch default)
+    policy_model: str = "pretrained"
     policy: dict[str, Any] = Field(default_factory=dict, description="PolicyConfig fields")
     sft: dict[str, Any] = Field(default_factory=lambda: {"epochs": 2, "learning_rate": 3e-3, "batch_size": 32,
                                                          "time_budget_s": 600, "num_threads": 1})

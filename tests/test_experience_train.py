@@ -19,11 +19,12 @@ from dreamgym.experience.model import ExperienceModel
 from dreamgym.experience.protocol import ExperienceQuery, ProtocolConfig, action_target, step_target
 from dreamgym.experience.train import (
     exp_examples,
+    exp_queries,
     fresh_tiny_model,
     mix,
-    tiny_shape,
     train_experience_model,
 )
+from dreamgym.llm.tiny import tiny_shape
 from dreamgym.replay import HashingEncoder, ReplayBuffer
 from dreamgym.train.sft import IGNORE_INDEX, SFTConfig, SFTExample, encode_prompt, tokenize_example
 from dreamgym.types import DataError, Task, Trajectory, Transition, write_jsonl
@@ -123,6 +124,36 @@ def test_neighbours_never_come_from_the_own_trajectory(tmp_path: Path) -> None:
     assert {h.traj_id for h in own} == {"T0"}
 
 
+def test_an_example_never_retrieves_its_own_transition(tmp_path: Path) -> None:
+    # Every episode starts with the same step (same page, action and outcome) and then goes its own way. The
+    # buffer keeps the repeated step once, under T0: excluding the own trajectory does not keep it out.
+    first = Transition(state="[1] text: shelf start", action="click[open]", next_state="[1] text: shelf open",
+                       reward=0.0, done=False, info={"reasoning": "open it"})
+    trajs = []
+    for i in range(4):
+        steps = [first, *(Transition(state=f"[1] text: shelf T{i} aisle {t}", action=f"click[T{i} item {t}]",
+                                     next_state=f"[1] text: shelf T{i} aisle {t + 1}", reward=0.0, done=False,
+                                     info={"reasoning": f"walk T{i}"}) for t in range(2))]
+        trajs.append(Trajectory(traj_id=f"T{i}", task=Task(task_id=f"task{i}", instruction=f"find T{i}", env="toy"),
+                                transitions=steps))
+    buffer = ReplayBuffer.open(tmp_path / "buf", encoder=HashingEncoder())
+    assert buffer.add_trajectories(trajs) == 1 + 4 * 2
+    own = buffer.retrieve(first.state, first.action, k=1, env="toy", exclude_traj="T1")
+    assert own[0].traj_id == "T0" and own[0].transition == first  # without the key: T1's step 0 sees its target
+    cfg = ProtocolConfig(k=1, neighbour_states=True, system_prompt="")
+    queries = list(exp_queries(trajs, cfg, buffer))
+    assert len(queries) == 12 and all(len(q.retrieved) == 1 for _, _, q in queries)
+    for traj, t, query in queries:
+        x = traj.transitions[t]
+        for n in query.retrieved:
+            assert (n.state, n.action, n.next_state, n.reward, n.done) != (x.state, x.action, x.next_state, x.reward,
+                                                                            x.done), (traj.traj_id, t)
+    # The examples built from them carry the same neighbours.
+    examples = exp_examples(trajs, cfg, buffer, chat=False)
+    assert isinstance(examples[3].prompt, str) and "shelf open" not in examples[3].prompt.split("SIMILAR:")[1].split(
+        "STATE:")[0]
+
+
 def test_mix_resamples_by_kind() -> None:
     examples = [SFTExample(f"p{i}", f"t{i}") for i in range(1000)]
     kinds = ["results", "done"] * 500
@@ -181,9 +212,32 @@ def test_eval_exp_end_to_end_reports_every_key(memorised, annotated) -> None:
     for key in ("reward_accuracy", "terminal_reward_accuracy", "reward_mae", "done_accuracy", "invalid_output_rate",
                 "next_state_f1", "epsilon_r", "epsilon_p", "lemma1_bound", "transitions",
                 "terminal_reward_majority_baseline", "click_consistency", "reward_consistency",
-                "next_state_f1_by_page", "seconds", "steps_per_s", "side_by_side"):
+                "next_state_f1_by_page", "seconds", "steps_per_s", "side_by_side", "done_majority_baseline",
+                "reward_majority_baseline", "terminal_reward_exact_accuracy", "purchase_page_consistency"):
         assert key in report, key
     assert report["transitions"] == 6 and len(report["side_by_side"]) == 2
+
+
+def test_eval_exp_with_a_policy_replays_its_dreamt_episodes_in_the_real_env(memorised, annotated) -> None:
+    from dreamgym.llm.tiny import init_tiny_model
+
+    root, _ = memorised
+    write_jsonl(root / "heldout.jsonl", annotated[:3])
+    init_tiny_model("micro", [root / "heldout.jsonl"], root / "policy", vocab_size=512, seed=0)  # an untrained policy
+    args = ["eval-exp", "--model", str(root / "model"), "--data", str(root / "heldout.jsonl"), "--max-transitions", "4",
+            "--horizon", "2"]
+    result = CliRunner().invoke(app, [*args, "--policy", str(root / "policy"), "--policy-episodes", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    w2r = json.loads(result.stdout.strip().splitlines()[-1])["wm2real"]
+    assert w2r["episodes"] + w2r["unreplayable"] == 2 and w2r["unreplayable"] == 0
+    assert 0 < w2r["real_steps"] <= 2 * 2 and w2r["reward_tol"] == 0.1
+    assert 0.0 <= w2r["reward_agreement"] <= 1.0 and 0.0 <= w2r["success_agreement"] <= 1.0
+    text = CliRunner().invoke(app, [*args, "--policy", str(root / "policy"), "--policy-episodes", "1"])
+    assert text.exit_code == 0, text.output
+    assert "wm2real_reward_agreement (|Δr| <= 0.1)" in text.stdout and "baseline" in text.stdout
+    assert "reward_accuracy (|Δr| <= 0.1)" in text.stdout
+    missing = CliRunner().invoke(app, [*args, "--policy", str(root / "nope")])
+    assert missing.exit_code != 0 and "no such policy run directory" in str(missing.exception)
 
 
 def test_train_exp_cli_rejects_bad_input_in_one_line(tmp_path: Path, annotated) -> None:

@@ -108,14 +108,18 @@ def init_model(
 ) -> tuple[Any, Any]:
     """``(model, tokenizer)``: a fresh tiny model with a BPE trained on the data for a preset name, else a
     Hugging Face model directory (a policy run dir's ``model/`` is found too) or hub name."""
-    from dreamgym.llm.tiny import PRESETS, build_model, build_tokenizer
+    from dreamgym.llm.tiny import PRESETS, build_model, build_tokenizer, tiny_shape
 
     tokenizer: Any
-    if model in PRESETS:
-        tokenizer = build_tokenizer(tokenizer_corpus(trajs, examples), vocab_size or PRESETS[model].vocab_size)
-        return build_model(model, tokenizer, seed=seed), tokenizer
+    shape = tiny_shape(model)
+    if shape is not None:
+        tokenizer = build_tokenizer(tokenizer_corpus(trajs, examples), vocab_size or shape.vocab_size)
+        return build_model(shape, tokenizer, seed=seed), tokenizer
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from dreamgym.llm.pretrained import resolve_model
+
+    model = resolve_model(model)
     path = Path(model) / "model" if (Path(model) / "model").is_dir() else Path(model)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)

@@ -14,21 +14,76 @@ console = Console()
 
 @model_app.command("init")
 def init(
-    preset: str = typer.Option("micro", help="micro (~0.2M params, tests) | small (~3.7M, demo) | base (~21M)"),
-    corpus: list[Path] = typer.Option(..., "--corpus", help="text or trajectory (.jsonl/.parquet) file; repeat"),
+    preset: str = typer.Option("micro", help="pretrained (the shipped base, ~1.3M) | micro (~0.2M params, tests) | "
+                               "small (~3.7M) | base (~21M)"),
+    corpus: list[Path] = typer.Option([], "--corpus", help="text or trajectory (.jsonl/.parquet) file; repeat "
+                                      "(not with pretrained)"),
     out: Path = typer.Option(..., help="output model directory (must be empty or absent)"),
     vocab_size: int | None = typer.Option(None, help="BPE vocabulary size (default: the preset's)"),
     seed: int = typer.Option(0, help="weight initialisation seed"),
 ) -> None:
-    """Train a byte-level BPE tokenizer on the corpus and save a freshly initialised tiny Llama with it."""
+    """Save a model to start from: a copy of the shipped pre-trained base (``--preset pretrained``), or a freshly
+    initialised tiny Llama with a byte-level BPE tokenizer trained on the corpus."""
     from transformers.utils import logging as hf_logging
 
+    from dreamgym.llm.pretrained import PRETRAINED, copy_base
     from dreamgym.llm.tiny import init_tiny_model
 
+    if preset == PRETRAINED:
+        copied = copy_base(out)
+        console.print(f"copied the pre-trained base ({copied['params'] / 1e6:.2f}M params, "
+                      f"{copied['tokens_seen']:,} tokens seen) to {out}")
+        return
     hf_logging.disable_progress_bar()
     model = init_tiny_model(preset, corpus, out, vocab_size=vocab_size, seed=seed)
     n_params = sum(p.numel() for p in model.parameters())
     console.print(f"saved {preset} model ({n_params / 1e6:.2f}M params, vocab {model.config.vocab_size}) to {out}")
+
+
+@model_app.command("pretrain")
+def pretrain(
+    out: Path = typer.Option(..., help="output directory (a rerun of the same command resumes in it)"),
+    preset: str = typer.Option("128x4", help="tiny shape: micro | small | base | <hidden>x<layers>"),
+    tokens: int = typer.Option(20_000_000, min=1, help="corpus tokens to train on (prompt + target)"),
+    seed: int = typer.Option(0, help="corpus, tokenizer and initialisation seed"),
+    vocab_size: int = typer.Option(2048, help="BPE vocabulary size"),
+    learning_rate: float = typer.Option(2e-3, help="peak learning rate (cosine, 100 warmup steps)"),
+    batch_size: int = typer.Option(16, min=1, help="examples per step"),
+    time_cap: float | None = typer.Option(None, help="safety limit in seconds; the manifest records if it fired"),
+    threads: int | None = typer.Option(None, help="torch CPU threads"),
+) -> None:
+    """Pre-train a tiny base model on the procedural copy-and-compare corpus (dreamgym.pretrain.corpus)."""
+    import shlex
+    import sys
+
+    from transformers.utils import logging as hf_logging
+
+    from dreamgym.pretrain.train import pretrain_base
+
+    hf_logging.set_verbosity_error()
+    command = "dreamgym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    manifest = pretrain_base(out, preset, tokens, seed, vocab_size, learning_rate, batch_size,
+                             time_cap_s=time_cap, num_threads=threads, command=command)
+    console.print(f"pre-trained {preset} ({manifest['params'] / 1e6:.2f}M params) on {manifest['tokens_seen']:,} "
+                  f"tokens in {manifest['train_seconds']:.0f} s, loss {manifest['train_loss']:.3f}: {out}")
+
+
+@model_app.command("info")
+def info(
+    name: str = typer.Argument("pretrained", help="'pretrained' (the shipped base) or a base directory"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Path, parameters, bytes, sha256 and tokens seen of a pre-trained base (checked against its manifest)."""
+    import json
+
+    from dreamgym.llm.pretrained import base_info
+
+    got = base_info(name)
+    if as_json:
+        print(json.dumps(got))
+    else:
+        for key, value in got.items():
+            console.print(f"{key}: {value}", highlight=False)
 
 
 def serve_command(

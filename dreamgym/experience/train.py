@@ -24,7 +24,6 @@ import logging
 import math
 import os
 import random
-import re
 import shutil
 import time
 from collections.abc import Iterator, Sequence
@@ -79,8 +78,12 @@ def exp_queries(
     """``(trajectory, t, query)`` for every transition, with neighbours from ``buffer`` when ``cfg.k > 0``.
 
     Neighbours are retrieved for (s_t, a_t) among transitions of the same env, excluding the trajectory's own
-    (a transition must not see itself, nor its episode's future, as an example).
+    (a transition must not see its episode's future as an example) and every stored copy of the transition
+    itself: the buffer keeps a repeated transition once, under whichever trajectory added it first, so
+    excluding the own trajectory alone would let an example retrieve its own target.
     """
+    from dreamgym.replay.record import transition_key
+
     steps = [(traj, t) for traj in trajs for t in range(len(traj.transitions))]
     for start in range(0, len(steps), RETRIEVAL_BATCH):
         chunk = steps[start : start + RETRIEVAL_BATCH]
@@ -95,6 +98,7 @@ def exp_queries(
                     cfg.k,
                     env=env,
                     exclude_traj=[chunk[i][0].traj_id for i in rows],
+                    exclude_key=[transition_key(*chunk[i]) for i in rows],
                 )
                 for i, h in zip(rows, hits, strict=True):
                     queries[i] = replace(queries[i], retrieved=neighbours_of(h))
@@ -217,26 +221,13 @@ def fresh_tiny_model(
     return build_model(shape, tokenizer, seed=seed), tokenizer
 
 
-def tiny_shape(spec: str) -> TinyPreset | None:
-    """A tiny-model shape: a preset name (``micro``/``small``/``base``) or ``<hidden>x<layers>`` (e.g. ``128x4``:
-    heads of 32 dimensions, MLP 4x hidden, vocabulary 2048); None when ``spec`` is neither (a model path)."""
-    from dreamgym.llm.tiny import PRESETS, TinyPreset
-
-    if spec in PRESETS:
-        return PRESETS[spec]
-    match = re.fullmatch(r"(\d+)x(\d+)", spec)
-    if match is None:
-        return None
-    hidden, layers = int(match.group(1)), int(match.group(2))
-    if hidden % 32 or layers < 1:
-        raise ValueError(f"tiny shape {spec!r}: hidden must be a multiple of 32 and layers >= 1")
-    return TinyPreset(hidden, layers, hidden // 32, 4 * hidden, vocab_size=2048, max_position_embeddings=1024)
-
-
 def load_pretrained(path: str) -> tuple[Any, Any]:
-    """A Hugging Face causal LM and its tokenizer (local directory or hub name)."""
+    """A Hugging Face causal LM and its tokenizer (local directory, hub name, or ``pretrained``: the shipped base)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from dreamgym.llm.pretrained import resolve_model
+
+    path = resolve_model(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -284,6 +275,8 @@ def train_experience_model(
     the neighbours. ``mixture`` resamples the examples by the page type of their next state (:func:`mix`).
     Returns the summary (examples, tokens, epochs, seconds, loss, and the snapshots taken).
     """
+    from dreamgym.llm.tiny import tiny_shape
+
     out = Path(out_dir)
     trajs = read_training_data(data_paths)
     if protocol_cfg.reasoning:

@@ -44,6 +44,9 @@ class HFLLM:
     ) -> HFLLM:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        from dreamgym.llm.pretrained import resolve_model
+
+        path = resolve_model(str(path))
         tokenizer = AutoTokenizer.from_pretrained(path)
         model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
         model.to(device).eval()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,20 @@ PRESETS: dict[str, TinyPreset] = {
     "small": TinyPreset(256, 4, 4, 688, vocab_size=2048, max_position_embeddings=2048),
     "base": TinyPreset(512, 6, 8, 1376, vocab_size=4096, max_position_embeddings=2048),
 }
+
+
+def tiny_shape(spec: str) -> TinyPreset | None:
+    """A tiny-model shape: a preset name (``micro``/``small``/``base``) or ``<hidden>x<layers>`` (e.g. ``128x4``:
+    heads of 32 dimensions, MLP 4x hidden, vocabulary 2048); None when ``spec`` is neither (a model path)."""
+    if spec in PRESETS:
+        return PRESETS[spec]
+    match = re.fullmatch(r"(\d+)x(\d+)", spec)
+    if match is None:
+        return None
+    hidden, layers = int(match.group(1)), int(match.group(2))
+    if hidden % 32 or layers < 1:
+        raise ValueError(f"tiny shape {spec!r}: hidden must be a multiple of 32 and layers >= 1")
+    return TinyPreset(hidden, layers, hidden // 32, 4 * hidden, vocab_size=2048, max_position_embeddings=1024)
 
 
 # ------------------------------------------------------------------------------------------ corpus

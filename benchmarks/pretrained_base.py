@@ -1,0 +1,186 @@
+"""From scratch vs from the shipped pre-trained base: the experience model's fidelity and the policy's success
+after the same fine-tuning budget, over seeds.
+
+    .venv/bin/python benchmarks/pretrained_base.py --part exp --train data/base/train_ann.jsonl \
+        --heldout data/base/heldout_ann.jsonl --inits pretrained 128x4 --seeds 0 1 2 --budget 600 --points 150 300 600
+    .venv/bin/python benchmarks/pretrained_base.py --part policy --train data/base/train.jsonl \
+        --inits pretrained 128x4 --seeds 0 1 2 --budget 600
+
+Data: ``dreamgym collect --policy noisy --noise 0.3 --episodes 2000 --split train --seed 0`` (annotated with
+``dreamgym annotate --annotator rule``) for training; ``--noise 0.5 --episodes 60 --split test --seed 100000`` for
+the held-out fidelity set. ``--part exp`` trains M_exp with ``configs/exp-shop-tiny.yaml`` (the model replaced by
+each init), snapshots it every ``--points`` step and scores each snapshot with ``evaluate_experience_model``;
+``--part policy`` behaviour-clones the successful trajectories (index actions, the demo's settings) for ``--budget``
+seconds and evaluates greedy success on 200 test tasks. Budgets are training seconds on the cores given (one
+job per core); every result is appended to ``--out`` (one JSON file per part) as soon as it exists, and a cell
+already there is skipped, so an interrupted run continues. ``--summarise`` prints mean ± 95% CI per cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+EXP_KEYS = ("click_consistency", "option_consistency", "reward_consistency", "purchase_page_consistency",
+            "zero_reward_consistency", "terminal_reward_accuracy", "terminal_reward_majority_baseline",
+            "terminal_reward_exact_accuracy", "terminal_reward_exact_majority_baseline", "done_accuracy",
+            "done_majority_baseline", "reward_accuracy", "reward_majority_baseline", "invalid_output_rate",
+            "next_state_exact", "next_state_f1", "next_state_copy_baseline", "epsilon_r", "transitions",
+            "terminal_transitions")
+
+
+def t95(n: int) -> float:
+    """Two-sided 95% Student t quantile for n-1 degrees of freedom (n <= 30; 1.96 beyond)."""
+    table = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306, 10: 2.262}
+    return table.get(n, 2.0 if n <= 30 else 1.96)
+
+
+def mean_ci(xs: list[float]) -> tuple[float, float, float]:
+    """Mean, sample sd and the half-width of the 95% t interval."""
+    m = statistics.fmean(xs)
+    sd = statistics.stdev(xs) if len(xs) > 1 else float("nan")
+    return m, sd, t95(len(xs)) * sd / math.sqrt(len(xs)) if len(xs) > 1 else float("nan")
+
+
+def load(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {"commands": [], "cells": {}}
+
+
+def save(path: Path, results: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def run_exp(args: argparse.Namespace, init: str, seed: int, results: dict[str, Any], out: Path) -> None:
+    import yaml
+
+    from dreamgym.experience.fidelity import evaluate_experience_model
+    from dreamgym.experience.model import ExperienceModel
+    from dreamgym.experience.train import ExpTrainConfig, train_experience_model
+    from dreamgym.replay import ReplayBuffer
+    from dreamgym.types import read_trajectories
+
+    cfg = ExpTrainConfig.model_validate(yaml.safe_load(args.config.read_text()))
+    run = args.work / "exp" / f"{init}-s{seed}"
+    every = min(args.points)
+    # The config's schedule (epochs, warmup) with the budget as its time limit, as the demo trains it.
+    sft = cfg.sft_config().model_copy(update={"time_budget_s": float(args.budget), "num_threads": args.threads,
+                                              "seed": seed, "save_steps": 100000})
+    if not (run / "summary.json").is_file():
+        train_experience_model(args.train, init, run, cfg.protocol_config(), sft, encoder=cfg.encoder,
+                               mixture=cfg.mixture, snapshot_every_s=every, seed=seed)
+    summary = json.loads((run / "summary.json").read_text())
+    heldout = [t for path in args.heldout for t in read_trajectories(path)]
+    buffer = ReplayBuffer.open(run / "buffer", create=False, read_only=True) if (run / "buffer").is_dir() else None
+    for snap in summary["snapshots"]:
+        point = min(args.points, key=lambda p: abs(p - snap["seconds"]))
+        key = f"{init}/{point}/{seed}"
+        if abs(point - snap["seconds"]) > every / 2 or key in results["cells"]:
+            continue
+        t0 = time.monotonic()
+        report = evaluate_experience_model(ExperienceModel.load(snap["dir"], buffer=buffer), heldout,
+                                           max_transitions=args.max_transitions, seed=0)
+        results["cells"][key] = {"init": init, "seconds": point, "seed": seed, "train_seconds": snap["seconds"],
+                                 "epochs": snap["epochs"], "train_loss": snap["train_loss"],
+                                 "eval_seconds": round(time.monotonic() - t0, 1),
+                                 **{k: report.get(k) for k in EXP_KEYS}}
+        save(out, results)
+        print(key, {k: results["cells"][key].get(k) for k in EXP_KEYS[:8]}, flush=True)
+
+
+def run_policy(args: argparse.Namespace, init: str, seed: int, results: dict[str, Any], out: Path) -> None:
+    from dreamgym.agent.policy import PolicyConfig, load_policy
+    from dreamgym.baselines.sft import train_bc
+    from dreamgym.eval import evaluate_policy
+    from dreamgym.rl.envpool import env_factory
+    from dreamgym.train.sft import SFTConfig
+
+    key = f"{init}/{args.budget}/{seed}"
+    if key in results["cells"]:
+        return
+    run = args.work / "policy" / f"{init}-s{seed}"
+    cfg = PolicyConfig(action_format="index", offer_task_search=True)
+    sft = SFTConfig(epochs=2.0, learning_rate=args.policy_lr, batch_size=32, time_budget_s=float(args.budget),
+                    num_threads=args.threads, seed=seed, save_steps=100000)
+    summary = (json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file()
+               else train_bc(args.train, init, run, sft, cfg))
+    t0 = time.monotonic()
+    res = evaluate_policy(load_policy(run), env_factory("shop"), "test", args.episodes, seed=0, max_steps=15,
+                          num_envs=64)
+    results["cells"][key] = {"init": init, "seconds": args.budget, "seed": seed, "epochs": summary.get("epochs"),
+                             "train_seconds": summary.get("seconds"), "eval_seconds": round(time.monotonic() - t0, 1),
+                             **res.to_dict()}
+    save(out, results)
+    print(key, results["cells"][key], flush=True)
+
+
+def flat(cell: dict[str, Any]) -> dict[str, Any]:
+    """One level of nested dicts (``epsilon_r``, ``next_state_copy_baseline``) as ``outer.inner`` keys."""
+    out: dict[str, Any] = {}
+    for k, v in cell.items():
+        if isinstance(v, dict):
+            out.update({f"{k}.{kk}": vv for kk, vv in v.items()})
+        else:
+            out[k] = v
+    return out
+
+
+def summarise(path: Path) -> None:
+    cells = {key: flat(c) for key, c in load(path)["cells"].items()}
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for c in cells.values():
+        groups.setdefault((c["init"], c["seconds"]), []).append(c)
+    metric_keys = [k for k in dict.fromkeys(k for c in cells.values() for k in c)
+                   if k not in ("init", "seconds", "seed") and any(isinstance(c.get(k), (int, float)) for c in cells.values())]
+    for (init, seconds), cs in sorted(groups.items()):
+        parts = []
+        for k in metric_keys:
+            xs = [float(c[k]) for c in cs if isinstance(c.get(k), (int, float))]
+            if xs:
+                m, sd, hw = mean_ci(xs)
+                parts.append(f"{k} {m:.3f}±{hw:.3f} (sd {sd:.3f})")
+        print(f"{init} @ {seconds}s, n={len(cs)}: " + "; ".join(parts))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--part", choices=["exp", "policy"], required=True)
+    parser.add_argument("--train", nargs="+", type=Path)
+    parser.add_argument("--heldout", nargs="+", type=Path)
+    parser.add_argument("--config", type=Path, default=Path("configs/exp-shop-tiny.yaml"))
+    parser.add_argument("--inits", nargs="+", default=["pretrained", "128x4"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--budget", type=int, default=600, help="fine-tuning seconds")
+    parser.add_argument("--points", nargs="+", type=int, default=[150, 300, 600], help="exp: snapshot seconds")
+    parser.add_argument("--max-transitions", type=int, default=None, help="exp: held-out steps scored (all)")
+    parser.add_argument("--episodes", type=int, default=200, help="policy: test episodes")
+    parser.add_argument("--policy-lr", type=float, default=2e-3, help="policy: BC learning rate (the base's pre-training one; not tuned)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--work", type=Path, default=Path("runs/pretrained_base"))
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--summarise", action="store_true")
+    args = parser.parse_args()
+    out = args.out or RESULTS / f"pretrained_base_{args.part}.json"
+    if args.summarise:
+        summarise(out)
+        return
+    torch.set_num_threads(args.threads)
+    results = load(out)
+    results["commands"].append(" ".join(sys.argv))
+    for seed in args.seeds:
+        for init in args.inits:
+            (run_exp if args.part == "exp" else run_policy)(args, init, seed, results, out)
+    summarise(out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,456 @@
+"""A procedural pre-training corpus: the copy-and-compare skills an experience model and a policy need, on
+made-up websites and worlds, in the project's own text formats.
+
+Every example is an :class:`~dreamgym.train.sft.SFTExample` rendered by the same functions that render the real
+ones, so the base model sees exactly the prompt layouts it is later fine-tuned on:
+
+* experience-model transitions (:func:`~dreamgym.experience.protocol.build_messages` and
+  :func:`~dreamgym.experience.protocol.format_target`): ``TASK / HISTORY / SIMILAR / STATE / ACTION / TARGET``
+  in, ``<think>…</think><state>…</state><reward>…</reward> <done>…</done> <success>…</success>`` out;
+* agent steps (:func:`~dreamgym.agent.policy.build_agent_prompt`): numbered admissible actions in, the number
+  of the right one out (``<action>3</action>``).
+
+The skills, one generator each (:data:`SKILLS`):
+
+* ``open``: clicking a link copies its fields (id, title, price) into the next page, line by line; the rest
+  of the page (options, buttons) is the layout a retrieved sibling page shows;
+* ``select``: an option click copies the page and moves the ``(selected)`` mark;
+* ``buy``: a leaf page whose score follows the rule stated in the task: count the wishes the item meets
+  (title words, selected options, the price against a bound) and write the fraction with 2 decimals;
+* ``search`` / ``detail`` / ``invalid``: copy a whole neighbour's next state when its action matches, copy a
+  detail page from the item's title, copy the state unchanged after an action that names nothing;
+* ``world``: a room world (``location:`` header, ``[c1] command:`` lines) where taking, dropping and moving
+  copy objects between lines;
+* ``choose``: an agent step: the number of the option whose text matches the instruction best.
+
+Nothing here is drawn from an env: words, names, ids, prices, option names and layouts are made up from a
+seeded RNG (syllables), so a base trained on it has seen none of any evaluation's catalog, tasks or games.
+The generator is a pure function of its seed: :func:`examples` yields the same stream every time.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from dreamgym.agent.policy import AgentObservation, PolicyConfig, action_target, build_agent_prompt
+from dreamgym.experience.protocol import (
+    ExperienceQuery,
+    Neighbour,
+    ProtocolConfig,
+    build_messages,
+    format_target,
+)
+from dreamgym.train.sft import SFTExample
+
+CORPUS_VERSION = "1"
+
+# Skill -> share of the stream. The agent share is smaller: choosing is one token, copying is many.
+SKILLS: dict[str, float] = {
+    "open": 0.20, "select": 0.12, "buy": 0.18, "search": 0.07, "detail": 0.06, "invalid": 0.07,
+    "world": 0.10, "choose": 0.20,
+}
+
+_ONSETS = ["b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z",
+           "br", "dr", "fl", "gr", "kl", "pl", "pr", "sk", "sl", "st", "tr", "th", "sh", "ch", "qu", "v"]
+_VOWELS = ["a", "e", "i", "o", "u", "ai", "ou", "ee", "oo", "y"]
+_CODAS = ["", "", "", "n", "r", "s", "l", "m", "x", "k", "t", "nd", "st"]
+# Generic interface words (no env's vocabulary): button labels and page headers are drawn from these and
+# from made-up words, so the base learns to copy whatever a page says rather than a fixed layout.
+_UI_BUY = ["Buy", "Buy Now", "Order", "Purchase", "Checkout", "Finish", "Confirm", "Get It"]
+_UI_BACK = ["Back", "Back to Search", "Home", "Return", "Start Over", "New Search"]
+_UI_PREV = ["< Prev", "Previous", "< Back", "Go Back"]
+_UI_NEXT = ["Next >", "Next", "More", "Page Down", ">>"]
+_UI_DETAIL = ["Details", "Description", "Features", "Reviews", "Specs", "Info", "About", "Notes"]
+_UI_PRICE = ["Price", "Cost", "Fee", "Amount", "Total"]
+_UI_LEAF = ["Order placed: {code} ({opts})", "Done! You got {code} ({opts})", "Purchased {code} with {opts}",
+            "Checkout complete for {code} ({opts})"]
+_UI_SCORE = ["Score: {s}", "Your score: {s}", "Result (0 to 1): {s}", "Match score {s}"]
+_TASK_VERBS = ["find", "get me", "i want", "look for", "i need", "pick", "show me", "buy", "fetch"]
+_DIRECTIONS = ["north", "south", "east", "west", "up", "down"]
+
+
+def _word(rng: random.Random, syllables: tuple[int, int] = (1, 3)) -> str:
+    return "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
+                   for _ in range(rng.randint(*syllables)))
+
+
+def _name(rng: random.Random) -> str:
+    return _word(rng, (2, 3)).capitalize()
+
+
+def _code(rng: random.Random) -> str:
+    """An item id: upper-case letters and digits, at least one digit, 5-10 characters."""
+    chars = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+    while True:
+        code = "".join(rng.choice(chars) for _ in range(rng.randint(5, 10)))
+        if any(c.isdigit() for c in code) and code[0].isalpha():
+            return code
+
+
+def _price(rng: random.Random) -> float:
+    return round(rng.choice([rng.uniform(1, 20), rng.uniform(5, 100), rng.uniform(20, 900)]), 2)
+
+
+# ------------------------------------------------------------------------------------------ a site
+
+
+@dataclass
+class Item:
+    code: str
+    brand: str
+    attrs: list[str]  # shown in the title: "<Brand> <attr0> <Noun>, <attr1>[, <attr2>]"
+    noun: str
+    price: float
+
+    @property
+    def title(self) -> str:
+        head = f"{self.brand} {self.attrs[0].title()} {self.noun}"
+        return ", ".join([head, *(a.title() for a in self.attrs[1:])])
+
+    def link(self) -> str:
+        return f"{self.code} — {self.title} | ${self.price:.2f}"
+
+
+@dataclass
+class Site:
+    """A made-up shop-like website: one product family, its options, its labels and its scoring rule."""
+
+    noun: str
+    attr_pool: list[str]
+    options: dict[str, list[str]]  # option name -> values, shared by every item of the family
+    items: list[Item]
+    buy: str
+    back: str
+    prev: str
+    next: str
+    details: list[str]
+    price_label: str
+    leaf: str
+    score_line: str
+    search_box: str
+    page_size: int
+
+    @classmethod
+    def random(cls, rng: random.Random) -> Site:
+        noun = " ".join(_word(rng).title() for _ in range(rng.choice([1, 1, 2])))
+        attr_pool = list({" ".join(_word(rng) for _ in range(rng.choice([1, 1, 2]))) for _ in range(rng.randint(5, 10))})
+        options = {_word(rng, (1, 2)): list({_word(rng, (1, 2)) for _ in range(rng.randint(2, 5))})
+                   for _ in range(rng.choice([0, 1, 2, 2, 3]))}
+        brands = [_name(rng) for _ in range(6)]
+        items = [Item(_code(rng), rng.choice(brands), rng.sample(attr_pool, rng.choice([2, 2, 3])), noun, _price(rng))
+                 for _ in range(rng.randint(8, 20))]
+        return cls(
+            noun=noun, attr_pool=attr_pool, options=options, items=items,
+            buy=rng.choice(_UI_BUY), back=rng.choice(_UI_BACK), prev=rng.choice(_UI_PREV),
+            next=rng.choice(_UI_NEXT), details=rng.sample(_UI_DETAIL, rng.randint(0, 3)),
+            price_label=rng.choice(_UI_PRICE), leaf=rng.choice(_UI_LEAF), score_line=rng.choice(_UI_SCORE),
+            search_box=f"search[{rng.choice(['your query', 'type here', _word(rng)])}]", page_size=rng.randint(3, 6),
+        )
+
+    # ---- pages (element lists; numbered by _render)
+    def search_page(self) -> list[tuple[str, str]]:
+        return [("searchbox", self.search_box)]
+
+    def results_page(self, shown: list[Item], page: int, total: int) -> list[tuple[str, str]]:
+        first = (page - 1) * self.page_size + 1
+        els = [("text", f"Page {page} (results {first}-{first + len(shown) - 1} of {total})"), ("button", self.back)]
+        if page > 1:
+            els.append(("button", self.prev))
+        els.append(("button", self.next))
+        return els + [("link", it.link()) for it in shown]
+
+    def item_page(self, it: Item, selected: dict[str, str]) -> list[tuple[str, str]]:
+        els = [("text", f"{it.code} — {it.title}"), ("text", f"{self.price_label}: ${it.price:.2f}")]
+        for name, values in self.options.items():
+            els += [("option", f"{name}={v}" + (" (selected)" if selected.get(name) == v else "")) for v in values]
+        els += [("button", d) for d in self.details]
+        return [*els, ("button", self.buy), ("button", self.prev), ("button", self.back)]
+
+    def detail_page(self, it: Item, label: str) -> list[tuple[str, str]]:
+        return [("text", f"{label} of {it.code}"), *(("text", a) for a in it.attrs), ("button", self.prev)]
+
+    def leaf_page(self, it: Item, selected: dict[str, str], score: float) -> list[tuple[str, str]]:
+        opts = ", ".join(f"{k}={v}" for k, v in selected.items()) or "no options"
+        return [("text", self.leaf.format(code=it.code, opts=opts)), ("text", self.score_line.format(s=f"{score:.2f}"))]
+
+
+@dataclass
+class Wish:
+    """A task on a site: the item's attributes (some it may lack), option values, and a price bound."""
+
+    attrs: list[str]
+    opts: dict[str, str]
+    bound: float | None
+    rule_stated: bool = field(default=True)
+
+    def instruction(self, site: Site, rng: random.Random) -> str:
+        parts = [rng.choice(_TASK_VERBS), "a" if rng.random() < 0.5 else "the", " and ".join(self.attrs), site.noun.lower()]
+        text = " ".join(parts)
+        if self.opts:
+            text += " with " + " and ".join(f"{k} {v}" if rng.random() < 0.5 else f"{k}={v}" for k, v in self.opts.items())
+        if self.bound is not None:
+            text += f", price below {self.bound:.2f}"
+        if self.rule_stated:
+            text += rng.choice(["; score = share of wishes met", " (score: wishes met / wishes)", ""])
+        return text
+
+    def checks(self, it: Item, selected: dict[str, str]) -> list[tuple[str, bool]]:
+        """The rule: one check per wish, in a fixed order (attributes, options, price)."""
+        out = [(f"attr {a} title {'y' if a in it.attrs else 'n'}", a in it.attrs) for a in self.attrs]
+        out += [(f"opt {k}={v} sel {'y' if selected.get(k) == v else 'n'}", selected.get(k) == v) for k, v in self.opts.items()]
+        if self.bound is not None:
+            ok = it.price <= self.bound
+            out.append((f"price {it.price:.2f}<={self.bound:.2f} {'y' if ok else 'n'}", ok))
+        return out
+
+    def score(self, it: Item, selected: dict[str, str]) -> tuple[float, str]:
+        checks = self.checks(it, selected)
+        met = sum(ok for _, ok in checks)
+        score = met / len(checks)
+        return score, "; ".join(text for text, _ in checks) + f"; score {met}/{len(checks)}={score:.2f}"
+
+
+def _wish(site: Site, target: Item, rng: random.Random) -> Wish:
+    attrs = rng.sample(target.attrs, rng.randint(1, len(target.attrs)))
+    if rng.random() < 0.3:  # a wish the target may not meet
+        attrs.append(rng.choice(site.attr_pool))
+    attrs = list(dict.fromkeys(attrs))
+    opts = {k: rng.choice(v) for k, v in site.options.items() if rng.random() < 0.7}
+    bound = None if rng.random() < 0.2 else round(target.price * rng.uniform(0.8, 1.6), 2)
+    return Wish(attrs, opts, bound, rule_stated=rng.random() < 0.7)
+
+
+def _render(elements: list[tuple[str, str]]) -> str:
+    return "\n".join(f"[{i}] {kind}: {text}" for i, (kind, text) in enumerate(elements, start=1))
+
+
+def _label_action(label: str, rng: random.Random) -> str:
+    return f"click[{label.lower() if rng.random() < 0.8 else label}]"
+
+
+# ------------------------------------------------------------------------------------------ transitions
+
+
+@dataclass
+class Step:
+    """One made-up transition with what M_exp must write for it."""
+
+    instruction: str
+    history: list[str]
+    state: str
+    action: str
+    next_state: str
+    reasoning: str
+    reward: float = 0.0
+    done: bool = False
+    neighbours: list[Neighbour] = field(default_factory=list)
+
+
+def _results(site: Site, rng: random.Random) -> tuple[list[Item], int, int]:
+    shown = rng.sample(site.items, min(site.page_size, len(site.items)))
+    return shown, rng.randint(1, 3), rng.randint(len(shown) * 3, 60)
+
+
+def _neighbour(action: str, next_state: str, reward: float = 0.0, done: bool = False) -> Neighbour:
+    return Neighbour(state="", action=action, next_state=next_state, reward=reward, done=done)
+
+
+def step_open(site: Site, wish: Wish, rng: random.Random) -> Step:
+    shown, page, total = _results(site, rng)
+    state_els = site.results_page(shown, page, total)
+    it = rng.choice(shown)
+    line = next(i for i, (_, t) in enumerate(state_els, start=1) if t == it.link())
+    next_state = _render(site.item_page(it, {}))
+    sibling = rng.choice([x for x in site.items if x is not it])
+    nb = [_neighbour(f"click[{sibling.code.lower()}]", _render(site.item_page(sibling, {})))]
+    return Step(wish.instruction(site, rng), ["search[" + " ".join(wish.attrs) + "]"], _render(state_els),
+                f"click[{it.code.lower() if rng.random() < 0.85 else it.code}]", next_state,
+                f'open [{line}] {it.code} "{it.title}" ${it.price:.2f} -> item page', neighbours=nb)
+
+
+def _selection(site: Site, rng: random.Random) -> dict[str, str]:
+    return {k: rng.choice(v) for k, v in site.options.items() if rng.random() < 0.5}
+
+
+def step_select(site: Site, wish: Wish, rng: random.Random) -> Step:
+    if not site.options:
+        return step_open(site, wish, rng)
+    it = rng.choice(site.items)
+    before = _selection(site, rng)
+    name = rng.choice(list(site.options))
+    value = rng.choice(site.options[name])
+    after = {**before, name: value}
+    els = site.item_page(it, before)
+    line = next(i for i, (_, t) in enumerate(els, start=1) if t.removesuffix(" (selected)") == f"{name}={value}")
+    others = [v for v in site.options[name] if v != value]
+    moved = f", {name}={before[name]} unselected" if before.get(name) not in (None, value) else ""
+    reasoning = f"select [{line}] {name}={value} on {it.code} -> item page, {name}={value} selected{moved}"
+    if others and not moved and rng.random() < 0.3:
+        reasoning += f", {name}={others[0]} unselected"
+    return Step(wish.instruction(site, rng), [f"click[{it.code.lower()}]"], _render(els), f"click[{value}]",
+                _render(site.item_page(it, after)), reasoning)
+
+
+def step_buy(site: Site, wish: Wish, rng: random.Random) -> Step:
+    it = rng.choice(site.items)
+    selected = _selection(site, rng)
+    if rng.random() < 0.4:  # often the wished options are the selected ones
+        selected.update(wish.opts)
+    score, trace = wish.score(it, selected)
+    nb_item = rng.choice(site.items)
+    nb_sel = _selection(site, rng)
+    nb_score = wish.score(nb_item, nb_sel)[0]
+    nb = [_neighbour(_label_action(site.buy, rng), _render(site.leaf_page(nb_item, nb_sel, nb_score)), nb_score, True)]
+    return Step(wish.instruction(site, rng), [f"click[{it.code.lower()}]"], _render(site.item_page(it, selected)),
+                _label_action(site.buy, rng), _render(site.leaf_page(it, selected, score)),
+                f"buy {it.code}; {trace} -> done", reward=round(score, 2), done=True, neighbours=nb)
+
+
+def step_search(site: Site, wish: Wish, rng: random.Random) -> Step:
+    query = " ".join(wish.attrs) if rng.random() < 0.5 else wish.instruction(site, rng)
+    shown, _, total = _results(site, rng)
+    next_state = _render(site.results_page(shown, 1, total))
+    # The page cannot be derived from the query: it is copyable only from a neighbour with the same query.
+    same = rng.random() < 0.7
+    nb_state = next_state if same else _render(site.results_page(_results(site, rng)[0], 1, total))
+    nb = [_neighbour(f"search[{query if same else _word(rng)}]", nb_state)]
+    last = min(len(shown), site.page_size)
+    short = query if len(query) <= 40 else query[:39] + "…"
+    return Step(wish.instruction(site, rng), [], _render(site.search_page()), f"search[{query}]", next_state,
+                f'search "{short}" -> results page 1, 1-{last} of {total}', neighbours=nb)
+
+
+def step_detail(site: Site, wish: Wish, rng: random.Random) -> Step:
+    if not site.details:
+        return step_buy(site, wish, rng)
+    it = rng.choice(site.items)
+    label = rng.choice(site.details)
+    return Step(wish.instruction(site, rng), [f"click[{it.code.lower()}]"], _render(site.item_page(it, {})),
+                _label_action(label, rng), _render(site.detail_page(it, label)),
+                f"{label.lower()} of {it.code} -> {label.lower()} page")
+
+
+def step_invalid(site: Site, wish: Wish, rng: random.Random) -> Step:
+    shown, page, total = _results(site, rng)
+    state = _render(rng.choice([site.results_page(shown, page, total), site.item_page(rng.choice(site.items), {})]))
+    bad = f"click[{rng.choice([_word(rng), _code(rng).lower(), _word(rng) + ' ' + _word(rng)])}]"
+    return Step(wish.instruction(site, rng), [], state, bad, state,
+                f"invalid: {bad} not on this page -> state unchanged, reward 0")
+
+
+def step_world(rng: random.Random) -> Step:
+    """A room world: ``take X`` moves an object from the room into the inventory, ``drop X`` back, ``go D``
+    leads to a neighbour room (its page copyable from a neighbour that went there before)."""
+    rooms = [_name(rng) for _ in range(3)]
+    here = rooms[0]
+    objs = [" ".join(_word(rng) for _ in range(rng.choice([1, 2]))) for _ in range(rng.randint(2, 5))]
+    carrying = objs[: rng.randint(0, 2)]
+    lying = objs[len(carrying):]
+    exits = rng.sample(_DIRECTIONS, 2)
+
+    def page(room: str, feedback: str, inv: list[str], floor: list[str], ex: list[str]) -> str:
+        lines = [f"location: {room}", f"[f] feedback: {feedback}"]
+        lines += [f"[i{i}] carrying: a {o}" for i, o in enumerate(inv, start=1)]
+        cmds = [f"take {o}" for o in floor] + [f"drop {o}" for o in inv] + [f"go {d}" for d in ex]
+        lines += [f"[c{i}] command: {c}" for i, c in enumerate(cmds, start=1)]
+        return "\n".join(lines)
+
+    state = page(here, rng.choice(["You arrive.", f"You see a {lying[0]} here." if lying else "It is quiet."]),
+                 carrying, lying, exits)
+    kind = rng.choice(["take", "drop", "go"]) if carrying else rng.choice(["take", "go"])
+    nb: list[Neighbour] = []
+    if kind == "take" and lying:
+        o = rng.choice(lying)
+        action, feedback = f"take {o}", f"You take the {o}."
+        nxt = page(here, feedback, [*carrying, o], [x for x in lying if x != o], exits)
+        reasoning = f"take {o} from {here} -> carrying {o}"
+    elif kind == "drop" and carrying:
+        o = rng.choice(carrying)
+        action, feedback = f"drop {o}", f"You drop the {o}."
+        nxt = page(here, feedback, [x for x in carrying if x != o], [*lying, o], exits)
+        reasoning = f"drop {o} in {here} -> {o} on the floor"
+    else:
+        d = exits[0]
+        there = rooms[1]
+        new_objs = [_word(rng) for _ in range(rng.randint(0, 2))]
+        nxt = page(there, f"You go {d} to the {there}.", carrying, new_objs, [exits[1]])
+        action, reasoning = f"go {d}", f"go {d} from {here} -> {there}"
+        nb = [_neighbour(action, nxt)] if rng.random() < 0.7 else []
+    goal = rng.choice(objs)
+    return Step(f"put the {goal} in the {rooms[2]}", [], state, action, nxt, reasoning,
+                reward=0.0, done=False, neighbours=nb)
+
+
+STEP_MAKERS = {"open": step_open, "select": step_select, "buy": step_buy, "search": step_search,
+               "detail": step_detail, "invalid": step_invalid}
+
+
+# ------------------------------------------------------------------------------------------ agent steps
+
+
+def choose_step(site: Site, wish: Wish, rng: random.Random) -> tuple[AgentObservation, str]:
+    """An agent observation and the action an oracle takes: the best-matching link on a results page, the first
+    wished option not yet selected on an item page (then buy), the task's own search on the search page."""
+    where = rng.choice(["results", "results", "item", "search"])
+    instruction = wish.instruction(site, rng)
+    if where == "search":
+        queries = [f"search[{' '.join(instruction.split())}]", *(f"search[{_word(rng)} {_word(rng)}]" for _ in range(3))]
+        return AgentObservation(instruction, _render(site.search_page()), queries, []), queries[0]
+    if where == "results":
+        shown, page, total = _results(site, rng)
+        els = site.results_page(shown, page, total)
+        best = max(shown, key=lambda it: wish.score(it, wish.opts)[0])
+        actions = [f"click[{t.lower()}]" for k, t in els if k == "button"] + [f"click[{it.code.lower()}]" for it in shown]
+        return AgentObservation(instruction, _render(els), actions, [(
+            "", f"search[{' '.join(instruction.split())}]")]), f"click[{best.code.lower()}]"
+    it = rng.choice(site.items)
+    selected = {k: v for k, v in wish.opts.items() if rng.random() < 0.5}
+    els = site.item_page(it, selected)
+    missing = [v for k, v in wish.opts.items() if selected.get(k) != v]
+    actions = [f"click[{t.removesuffix(' (selected)').split('=', 1)[-1].lower()}]" if k == "option" else f"click[{t.lower()}]"
+               for k, t in els if k in ("option", "button")]
+    answer = f"click[{missing[0].lower()}]" if missing else f"click[{site.buy.lower()}]"
+    return AgentObservation(instruction, _render(els), actions, [("", f"click[{it.code.lower()}]")]), answer
+
+
+# ------------------------------------------------------------------------------------------ the stream
+
+# Prompt layouts the experience model is trained under (sampled per example): the CPU default (k=1, no
+# neighbour state, no system text, TARGET line) most of the time, and variants so the base is not tied to one.
+PROTOCOLS = [
+    (0.6, ProtocolConfig(history_window=2, k=1, neighbour_states=False, system_prompt="", ground_action=True)),
+    (0.2, ProtocolConfig(history_window=2, k=0, neighbour_states=False, system_prompt="", ground_action=True)),
+    (0.2, ProtocolConfig(history_window=3, k=1, neighbour_states=False, ground_action=True)),
+]
+AGENT_CONFIG = PolicyConfig(action_format="index", offer_task_search=True)
+
+
+def _exp_example(step: Step, rng: random.Random) -> SFTExample:
+    cfg = rng.choices([c for _, c in PROTOCOLS], weights=[w for w, _ in PROTOCOLS])[0]
+    history = [("", a) for a in step.history]
+    query = ExperienceQuery(step.instruction, history, step.neighbours, step.state, step.action)
+    success = step.done and step.reward >= 1.0
+    target = format_target(step.next_state, step.reward, step.done, success, step.reasoning, cfg)
+    return SFTExample(build_messages(query, cfg), target)
+
+
+def example(rng: random.Random) -> SFTExample:
+    """One example of a skill drawn by :data:`SKILLS` weights."""
+    skill = rng.choices(list(SKILLS), weights=list(SKILLS.values()))[0]
+    if skill == "world":
+        return _exp_example(step_world(rng), rng)
+    site = Site.random(rng)
+    wish = _wish(site, rng.choice(site.items), rng)
+    if skill == "choose":
+        obs, action = choose_step(site, wish, rng)
+        return SFTExample(build_agent_prompt(obs, AGENT_CONFIG), action_target(obs, action, AGENT_CONFIG))
+    return _exp_example(STEP_MAKERS[skill](site, wish, rng), rng)
+
+
+def examples(seed: int) -> Iterator[SFTExample]:
+    """The endless, deterministic stream of examples for ``seed``."""
+    rng = random.Random(f"dreamgym-corpus-v{CORPUS_VERSION}-{seed}")
+    while True:
+        yield example(rng)

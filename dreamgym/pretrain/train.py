@@ -1,0 +1,157 @@
+"""``dreamgym model pretrain``: a tiny base model pre-trained on the procedural corpus, with its manifest.
+
+The paper starts its experience model and its policy from a pre-trained LLM; a from-scratch tiny model needs
+~2 epochs of the shop's data before it copies anything (``benchmarks/results/exp_longer.json``). This job gives
+the CPU default the skill beforehand: a byte-level BPE tokenizer (every byte is in its alphabet, so it covers
+any env's text; digits and id letters split one per token, :func:`~dreamgym.experience.train.copy_friendly`;
+protocol tags single tokens), a tiny Llama, and masked SFT (:func:`~dreamgym.train.sft.train_sft`: checkpoints,
+resume, tensorboard, progress bar) on :func:`~dreamgym.pretrain.corpus.examples`.
+
+Budgets are in tokens (prompt + target), so the same flags give the same model on any machine; the time cap
+is a safety limit and the manifest records whether it fired. A rerun of the same command resumes: the corpus
+is a function of the seed, the tokenizer is reloaded from the output directory, and the trainer continues
+from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import math
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from dreamgym.llm.pretrained import MANIFEST, sha256
+from dreamgym.train.sft import SFTConfig, SFTExample, encode_prompt, train_sft
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_EXAMPLES = 4000  # corpus examples the BPE is trained on
+# What a base directory ships (the manifest lists the sha256 of each that exists).
+BASE_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+              "tokenizer_config.json", "chat_template.jinja")
+
+
+def _text(ex: SFTExample) -> str:
+    prompt = ex.prompt if isinstance(ex.prompt, str) else "\n".join(m["content"] for m in ex.prompt)
+    return f"{prompt}\n{ex.target}"
+
+
+def base_tokenizer(seed: int, vocab_size: int) -> Any:
+    """A byte-level BPE trained on the corpus, with the protocol tags as tokens and copy-friendly splits."""
+    from dreamgym.experience.protocol import TAG_TEXTS
+    from dreamgym.experience.train import copy_friendly
+    from dreamgym.llm.tiny import build_tokenizer
+    from dreamgym.pretrain.corpus import examples
+
+    # Another seed than training's, so the tokenizer is not fitted to the first training batches.
+    texts = (_text(ex) for ex in itertools.islice(examples(seed + 1_000_003), TOKENIZER_EXAMPLES))
+    tokenizer = build_tokenizer(texts, vocab_size)
+    tokenizer.add_tokens([t for t in TAG_TEXTS if t not in tokenizer.get_vocab()])
+    return copy_friendly(tokenizer)
+
+
+def corpus_until(tokenizer: Any, seed: int, tokens: int, max_length: int) -> tuple[list[SFTExample], int]:
+    """The first examples of the seed's stream whose tokens (prompt + target, cut to ``max_length``) reach
+    ``tokens``; returns them and their token count."""
+    from dreamgym.pretrain.corpus import examples
+
+    out: list[SFTExample] = []
+    seen = 0
+    for ex in examples(seed):
+        n = len(encode_prompt(tokenizer, ex.prompt)) + len(tokenizer(ex.target, add_special_tokens=False).input_ids) + 1
+        seen += min(n, max_length)
+        out.append(ex)
+        if seen >= tokens:
+            break
+    return out, seen
+
+
+def pretrain_base(
+    out_dir: str | os.PathLike[str],
+    shape: str = "128x4",
+    tokens: int = 20_000_000,
+    seed: int = 0,
+    vocab_size: int = 2048,
+    learning_rate: float = 2e-3,
+    batch_size: int = 16,
+    warmup_steps: int = 100,
+    max_length: int = 768,
+    time_cap_s: float | None = None,
+    num_threads: int | None = None,
+    command: str = "",
+) -> dict[str, Any]:
+    """Pre-train a ``shape`` tiny Llama on ``tokens`` corpus tokens into ``out_dir``; write ``MANIFEST.json``.
+
+    Returns the manifest. Rerunning with the same arguments resumes from ``out_dir/checkpoints``.
+    """
+    from transformers import AutoTokenizer
+
+    from dreamgym.llm.tiny import build_model, tiny_shape
+    from dreamgym.pretrain.corpus import CORPUS_VERSION
+
+    preset = tiny_shape(shape)
+    if preset is None:
+        raise ValueError(f"--preset {shape!r}: not a tiny shape (micro|small|base|<hidden>x<layers>)")
+    if tokens < 10_000:
+        raise ValueError(f"--tokens {tokens}: too few to train on (at least 10000)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    if (out / "tokenizer.json").is_file() and (out / "checkpoints").is_dir():
+        tokenizer = AutoTokenizer.from_pretrained(out)  # resuming: the same tokenizer the checkpoints use
+    else:
+        tokenizer = base_tokenizer(seed, vocab_size)
+        tokenizer.save_pretrained(out)
+    corpus, corpus_tokens = corpus_until(tokenizer, seed, tokens, max_length)
+    prep_s = time.monotonic() - t0
+    model = build_model(preset, tokenizer, seed=seed)  # type: ignore[arg-type]  # a fast tokenizer either way
+    steps = math.ceil(len(corpus) / batch_size)
+    cfg = SFTConfig(epochs=1.0, max_steps=steps, learning_rate=learning_rate, batch_size=batch_size,
+                    max_length=max_length, warmup_ratio=min(1.0, warmup_steps / steps), logging_steps=50,
+                    save_steps=200, seed=seed, num_threads=num_threads, time_budget_s=time_cap_s)
+    log.info("pre-training %s (%.2fM params) on %d examples, %d tokens, %d steps",
+             shape, sum(p.numel() for p in model.parameters()) / 1e6, len(corpus), corpus_tokens, steps)
+    stats = train_sft(model, tokenizer, corpus, out, cfg)
+    done_steps = int(stats["steps"])
+    manifest: dict[str, Any] = {
+        "command": command,
+        "preset": shape,
+        "params": sum(p.numel() for p in model.parameters()),
+        "vocab_size": len(tokenizer),
+        "seed": seed,
+        "corpus_version": CORPUS_VERSION,
+        "corpus_examples": len(corpus),
+        "corpus_tokens": corpus_tokens,
+        "steps": done_steps,
+        "planned_steps": steps,
+        # Tokens of the examples the optimiser has consumed (the corpus is used once, in order of a seeded shuffle).
+        "tokens_seen": round(corpus_tokens * min(1.0, done_steps / steps)),
+        "time_cap_fired": done_steps < steps,
+        "train_loss": stats["train_loss"],
+        "train_seconds": stats["seconds"],
+        "prep_seconds": round(prep_s, 1),
+        "resumed_from": stats["resumed_from"],
+        "sft": cfg.model_dump(),
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "cpus": os.cpu_count(), "torch": _torch_version(), "device": _device()},
+    }
+    manifest["files"] = {name: sha256(out / name) for name in BASE_FILES if (out / name).is_file()}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+def _device() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"

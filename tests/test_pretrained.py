@@ -1,0 +1,146 @@
+"""The procedural pre-training corpus, `dreamgym model pretrain`, and the shipped base with its manifest."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dreamgym.agent.policy import parse_action
+from dreamgym.envs.shop.catalog import build_catalog
+from dreamgym.envs.shop.tasks import build_tasks
+from dreamgym.experience.protocol import ProtocolConfig, parse_output
+from dreamgym.llm.pretrained import ASSET_DIR, BaseModelError, base_info, read_manifest, resolve_model, sha256
+from dreamgym.pretrain.corpus import examples
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dreamgym", *args], capture_output=True, text=True, timeout=300)
+
+
+def text_of(ex) -> str:  # type: ignore[no-untyped-def]
+    prompt = ex.prompt if isinstance(ex.prompt, str) else "\n".join(m["content"] for m in ex.prompt)
+    return prompt + "\n" + ex.target
+
+
+def test_corpus_is_deterministic_by_seed() -> None:
+    a = [text_of(x) for x in itertools.islice(examples(0), 40)]
+    b = [text_of(x) for x in itertools.islice(examples(0), 40)]
+    c = [text_of(x) for x in itertools.islice(examples(1), 40)]
+    assert a == b
+    assert a != c
+
+
+def test_corpus_never_emits_a_shop_title_or_instruction() -> None:
+    catalog = build_catalog(1000, 0)
+    shop_texts = {p.title for p in catalog.products} | {p.asin for p in catalog.products}
+    shop_texts |= {t.instruction for split in ("train", "test") for t in build_tasks(1000, 0, split, 2000)}
+    corpus = "\n".join(text_of(x) for x in itertools.islice(examples(0), 600))
+    leaked = [s for s in shop_texts if s in corpus]
+    assert not leaked, leaked[:5]
+
+
+def test_corpus_targets_are_well_formed() -> None:
+    cfg = ProtocolConfig()
+    kinds = {"exp": 0, "agent": 0}
+    for ex in itertools.islice(examples(3), 300):
+        if ex.target.startswith("<action>"):
+            kinds["agent"] += 1
+            answer = parse_action(ex.target)
+            assert answer is not None and answer.isdigit(), ex.target
+            actions = ex.prompt[-1]["content"].split("ACTIONS:\n", 1)[1].splitlines()
+            assert 1 <= int(answer) <= len(actions)
+        else:
+            kinds["exp"] += 1
+            pred = parse_output(ex.target, cfg)
+            assert pred.ok, (pred.failure, ex.target)
+    assert kinds["exp"] > 100 and kinds["agent"] > 20
+
+
+def test_buy_reward_follows_the_stated_rule() -> None:
+    """A purchase's reward is the fraction of wishes its reasoning counts (score m/n=r, written with 2 decimals)."""
+    import re
+
+    seen = 0
+    for ex in itertools.islice(examples(5), 800):
+        m = re.search(r"score (\d+)/(\d+)=(\d\.\d\d) -> done", ex.target)
+        if m is None:
+            continue
+        seen += 1
+        met, total, written = int(m.group(1)), int(m.group(2)), m.group(3)
+        assert f"{met / total:.2f}" == written
+        assert f"<reward>{written}</reward>" in ex.target
+        checks = re.findall(r" (y|n)(?=;)", ex.target.split("<think>", 1)[1].split("score", 1)[0])
+        assert checks.count("y") == met and len(checks) == total
+    assert seen > 50
+
+
+def test_shipped_base_matches_its_manifest_and_loads() -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    manifest = read_manifest(ASSET_DIR)
+    info = base_info("pretrained")
+    assert info["bytes"] <= 10 * 2**20
+    assert info["tokens_seen"] == manifest["tokens_seen"] > 0
+    for name, digest in manifest["files"].items():
+        assert sha256(ASSET_DIR / name) == digest
+    assert {"model.safetensors", "tokenizer.json", "config.json"} <= set(manifest["files"])
+    path = resolve_model("pretrained")
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert sum(p.numel() for p in model.parameters()) == manifest["params"]
+    # byte-level: any text round-trips; digits are single tokens (copy-friendly)
+    text = "ScienceWorld: the thermometer reads 23.5°C — Ω"
+    assert tokenizer.decode(tokenizer(text, add_special_tokens=False).input_ids) == text
+    assert tokenizer.tokenize("B0N38ATR")[:3] == ["B", "0", "N"]
+
+
+def test_model_info_json() -> None:
+    r = run("model", "info", "pretrained", "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert set(got) == {"path", "params", "bytes", "sha256", "tokens_seen"}
+    assert got["sha256"] == read_manifest(ASSET_DIR)["files"]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "missing", "manifest"])
+def test_a_damaged_base_is_a_one_line_error(tmp_path: Path, damage: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = tmp_path / "base"
+    shutil.copytree(ASSET_DIR, base, ignore=shutil.ignore_patterns("checkpoints"))
+    if damage == "truncate":
+        data = (base / "model.safetensors").read_bytes()
+        (base / "model.safetensors").write_bytes(data[: len(data) // 2])
+        culprit = "model.safetensors"
+    elif damage == "missing":
+        (base / "tokenizer.json").unlink()
+        culprit = "tokenizer.json"
+    else:
+        (base / "MANIFEST.json").write_text("{not json")
+        culprit = "MANIFEST.json"
+    r = run("model", "info", str(base))
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and culprit in lines[0] and "dreamgym model pretrain" in lines[0], r.stderr
+    import dreamgym.llm.pretrained as pretrained
+
+    monkeypatch.setattr(pretrained, "ASSET_DIR", base)
+    with pytest.raises(BaseModelError, match=culprit):
+        pretrained.resolve_model("pretrained")
+
+
+def test_pretrain_command_writes_a_checked_base(tmp_path: Path) -> None:
+    out = tmp_path / "base"
+    r = run("model", "pretrain", "--out", str(out), "--preset", "micro", "--tokens", "20000", "--vocab-size", "400",
+            "--batch-size", "8", "--threads", "1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    manifest = read_manifest(out)  # every listed file checks against its sha256
+    assert manifest["tokens_seen"] >= 20000 and manifest["corpus_version"] and not manifest["time_cap_fired"]
+    assert "--preset micro" in manifest["command"]
+    assert manifest["steps"] == manifest["planned_steps"] > 0
+    r = run("model", "pretrain", "--out", str(tmp_path / "bad"), "--preset", "nonsense", "--tokens", "20000")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
