@@ -43,9 +43,12 @@ OTHER_ENV_DEFAULTS: dict[str, Any] = {
     "exp_mixture": None,
 }
 # The fidelity figures kept in table.json and printed under the table (all of them: RUN/fidelity.json).
-FIDELITY_KEYS = ("transitions", "reward_accuracy", "terminal_reward_accuracy", "terminal_reward_majority_baseline",
-                 "done_accuracy", "invalid_output_rate", "next_state_f1", "epsilon_p", "reasoning_exact",
-                 "click_consistency", "reward_consistency")
+# Each accuracy is followed by its trivial baseline (always the most common real value); rewards within 0.1.
+FIDELITY_KEYS = ("transitions", "reward_accuracy", "reward_majority_baseline", "terminal_reward_accuracy",
+                 "terminal_reward_majority_baseline", "terminal_reward_exact_accuracy",
+                 "terminal_reward_exact_majority_baseline", "done_accuracy", "done_majority_baseline",
+                 "invalid_output_rate", "next_state_f1", "epsilon_r_terminal", "epsilon_p", "reasoning_exact",
+                 "click_consistency", "reward_consistency", "purchase_page_consistency")
 
 
 class DemoConfig(BaseModel):
@@ -204,6 +207,7 @@ def fidelity(cfg: DemoConfig, out: Path, exp_dir: Path) -> dict[str, Any]:
     report = evaluate_experience_model(ExperienceModel.load(exp_dir, buffer=buffer), list(read_trajectories(annotated)),
                                        seed=cfg.seed, show=3)
     (out / "fidelity.json").write_text(json.dumps(report, indent=2))
+    report["epsilon_r_terminal"] = (report.get("epsilon_r") or {}).get("terminal_quantile")
     return {"heldout": data, **{k: report.get(k) for k in FIDELITY_KEYS}}
 
 
@@ -257,7 +261,8 @@ def run_demo(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
         s = train(rl_cfg, run_dir, resume=resume, console=console)
         return {"method": name, "real_transitions": s["real_transitions"], "episodes": s["eval_episodes"],
                 "success_rate": s["success_rate"], "mean_reward": s["mean_reward"], "seconds": s["seconds"],
-                "synthetic_transitions": s.get("synthetic_transitions", 0), "evals": s["evals"]}
+                "synthetic_transitions": s.get("synthetic_transitions", 0), "evals": s["evals"],
+                "wm2real": s.get("wm2real")}
 
     grpo = _stage(f"{next(numbered)} GRPO in the real {env}", out / "stages/grpo_real.json",
                   lambda: rl_stage("GRPO (real)", out / "grpo_real", {"init": str(sft_dir)}))
@@ -278,14 +283,16 @@ def run_demo(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
     summary: dict[str, Any] = {"env": env, "env_kwargs": cfg.env_kwargs, "offline_data": data, "rows": table}
     if fid is not None:
         summary["fidelity"] = fid
+    summary["wm2real"] = dreamgym.get("wm2real")  # the dream stage's last rollouts replayed in the real env
     (out / "table.json").write_text(json.dumps(summary, indent=2))
     plot_success_vs_real(rows, out / "success_vs_real.png", env)
     plot_task_variance(out / "dreamgym" / "metrics.jsonl", out / "curriculum_variance.png")
-    print_table(table, data, cfg, fid)
+    print_table(table, data, cfg, fid, summary["wm2real"])
     return table
 
 
-def print_table(table: list[dict[str, Any]], data: dict[str, Any], cfg: DemoConfig, fid: dict[str, Any] | None) -> None:
+def print_table(table: list[dict[str, Any]], data: dict[str, Any], cfg: DemoConfig, fid: dict[str, Any] | None,
+                wm2real: dict[str, Any] | None = None) -> None:
     size = ", ".join(f"{k}={v}" for k, v in cfg.env_kwargs.items())
     t = Table(title=f"DreamGym on {cfg.env} ({size}; offline data: {data['trajectories']} "
                     f"noisy-oracle trajectories, {data['transitions']} transitions)")
@@ -298,4 +305,10 @@ def print_table(table: list[dict[str, Any]], data: dict[str, Any], cfg: DemoConf
     if fid is not None:
         Console().print("M_exp fidelity on held-out real transitions: "
                         + ", ".join(f"{k} {v:.3f}" if isinstance(v := fid.get(k), float) else f"{k} {v}"
-                                    for k in FIDELITY_KEYS))
+                                    for k in FIDELITY_KEYS)
+                        + " (rewards within 0.1; *_baseline: always the most common real value)")
+    if wm2real:
+        Console().print(f"DreamGym's last dreamt episodes replayed in the real {cfg.env} (wm2real): "
+                        f"{wm2real['episodes']} episodes, final reward agrees (within {wm2real['reward_tol']:g}) "
+                        f"{wm2real['reward_agreement']}, success agrees {wm2real['success_agreement']}, "
+                        f"{wm2real['diverged']} diverged, {wm2real['unreplayable']} unreplayable (tasks the real env lacks)")
