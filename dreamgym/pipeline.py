@@ -72,8 +72,9 @@ class DemoConfig(BaseModel):
     heldout_noise: float = Field(default=0.5, ge=0, le=1, description="the held-out collection's noise: more "
                                  "imperfect purchases than the offline data, so a terminal reward is not nearly always 1")
     # experience model
-    # the shipped pre-trained base (128 hidden x 4 layers, ~1.3M params; dreamgym.llm.pretrained): it copies and
-    # compares before it sees the env (benchmarks/pretrained_base.py); "128x4" trains the same shape from scratch
+    # the shipped pre-trained base (128 hidden x 4 layers, ~1.3M params; dreamgym.llm.pretrained): it brings the
+    # protocol's format, the done flag and non-terminal rewards, not yet copying (benchmarks/pretrained_base.py,
+    # README); "128x4" trains the same shape from scratch
     exp_model: str = "pretrained"
     exp_protocol: dict[str, Any] = Field(default_factory=lambda: {"k": 1, "neighbour_states": False,
                                                                   "system_prompt": "", "history_window": 2,

@@ -16,7 +16,7 @@ from dreamgym.envs.shop.catalog import build_catalog
 from dreamgym.envs.shop.tasks import build_tasks
 from dreamgym.experience.protocol import ProtocolConfig, parse_output
 from dreamgym.llm.pretrained import ASSET_DIR, BaseModelError, base_info, read_manifest, resolve_model, sha256
-from dreamgym.pretrain.corpus import examples
+from dreamgym.pretrain.corpus import RECIPES, examples
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -28,19 +28,21 @@ def text_of(ex) -> str:  # type: ignore[no-untyped-def]
     return prompt + "\n" + ex.target
 
 
-def test_corpus_is_deterministic_by_seed() -> None:
-    a = [text_of(x) for x in itertools.islice(examples(0), 40)]
-    b = [text_of(x) for x in itertools.islice(examples(0), 40)]
-    c = [text_of(x) for x in itertools.islice(examples(1), 40)]
+@pytest.mark.parametrize("version", sorted(RECIPES))
+def test_corpus_is_deterministic_by_seed(version: str) -> None:
+    a = [text_of(x) for x in itertools.islice(examples(0, version), 40)]
+    b = [text_of(x) for x in itertools.islice(examples(0, version), 40)]
+    c = [text_of(x) for x in itertools.islice(examples(1, version), 40)]
     assert a == b
     assert a != c
 
 
-def test_corpus_never_emits_a_shop_title_or_instruction() -> None:
+@pytest.mark.parametrize("version", sorted(RECIPES))
+def test_corpus_never_emits_a_shop_title_or_instruction(version: str) -> None:
     catalog = build_catalog(1000, 0)
     shop_texts = {p.title for p in catalog.products} | {p.asin for p in catalog.products}
     shop_texts |= {t.instruction for split in ("train", "test") for t in build_tasks(1000, 0, split, 2000)}
-    corpus = "\n".join(text_of(x) for x in itertools.islice(examples(0), 600))
+    corpus = "\n".join(text_of(x) for x in itertools.islice(examples(0, version), 600))
     leaked = [s for s in shop_texts if s in corpus]
     assert not leaked, leaked[:5]
 
@@ -133,6 +135,68 @@ def test_a_damaged_base_is_a_one_line_error(tmp_path: Path, damage: str, monkeyp
         pretrained.resolve_model("pretrained")
 
 
+def test_corpus_sites_recur_from_a_pool() -> None:
+    """Recipes 2 and 3 draw most sites from a seeded pool, so item ids recur across examples; with no pool
+    (recipe 1, the shipped base's) an id is almost never seen twice."""
+    import collections
+    import re
+
+    def recurring(version: str) -> int:
+        ids = collections.Counter(code for x in itertools.islice(examples(0, version), 600)
+                                  for code in set(re.findall(r"\b[A-Z][A-Z0-9]{4,9}\b", text_of(x)))
+                                  if any(c.isdigit() for c in code))
+        return sum(1 for n in ids.values() if n >= 2)
+
+    assert recurring("2") > 100 and recurring("3") > 100 and recurring("1") < 5
+
+
+class _Oracle:
+    """A "model" whose logits put all mass on the true next token (it knows every target): a copier."""
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab = vocab
+
+    def eval(self) -> None:
+        pass
+
+    def __call__(self, ids):  # type: ignore[no-untyped-def]
+        import torch
+
+        logits = torch.zeros(1, ids.shape[1], self.vocab)
+        logits[0, torch.arange(ids.shape[1] - 1), ids[0, 1:]] = 1.0
+        return type("Out", (), {"logits": logits})()
+
+
+def test_copy_probe_separates_a_copier_from_a_format_learner() -> None:
+    """The probe scores held-out *fresh-site* targets: the oracle passes, the shipped base's untrained shape
+    (same tokenizer, random weights) fails, and always predicting the most common target token fails too."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from dreamgym.llm.tiny import build_model, tiny_shape
+    from dreamgym.pretrain.train import copy_probe
+
+    tokenizer = AutoTokenizer.from_pretrained(ASSET_DIR)
+    oracle = copy_probe(_Oracle(len(tokenizer)), tokenizer, per_skill=3)
+    assert min(oracle.values()) == 1.0
+    fresh = copy_probe(build_model(tiny_shape("micro"), tokenizer, seed=0), tokenizer, per_skill=3)  # type: ignore[arg-type]
+    assert max(fresh.values()) < 0.3
+
+    import collections
+
+    counts = collections.Counter(t for x in itertools.islice(examples(9), 200)
+                                 for t in tokenizer(x.target, add_special_tokens=False).input_ids)
+    common = counts.most_common(1)[0][0]
+
+    class Majority(_Oracle):  # always the corpus's most common target token
+        def __call__(self, ids):  # type: ignore[no-untyped-def]
+            logits = torch.zeros(1, ids.shape[1], self.vocab)
+            logits[..., common] = 1.0
+            return type("Out", (), {"logits": logits})()
+
+    assert max(copy_probe(Majority(len(tokenizer)), tokenizer, per_skill=3).values()) < 0.3
+
+
 def test_pretrain_command_writes_a_checked_base(tmp_path: Path) -> None:
     out = tmp_path / "base"
     r = run("model", "pretrain", "--out", str(out), "--preset", "micro", "--tokens", "20000", "--vocab-size", "400",
@@ -142,5 +206,15 @@ def test_pretrain_command_writes_a_checked_base(tmp_path: Path) -> None:
     assert manifest["tokens_seen"] >= 20000 and manifest["corpus_version"] and not manifest["time_cap_fired"]
     assert "--preset micro" in manifest["command"]
     assert manifest["steps"] == manifest["planned_steps"] > 0
+    assert set(manifest["copy_probe"]) >= {"open", "invalid", "buy"} and manifest["init"] is None
+    # --init continues that base: its tokenizer and shape, its tokens counted, its origin recorded
+    more = tmp_path / "more"
+    r = run("model", "pretrain", "--out", str(more), "--init", str(out), "--tokens", "10000", "--seed", "1",
+            "--batch-size", "8", "--threads", "1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    cont = read_manifest(more)
+    assert cont["init"]["model_sha256"] == manifest["files"]["model.safetensors"]
+    assert cont["tokens_seen"] >= manifest["tokens_seen"] + 10000 and cont["params"] == manifest["params"]
+    assert (more / "tokenizer.json").read_bytes() == (out / "tokenizer.json").read_bytes()
     r = run("model", "pretrain", "--out", str(tmp_path / "bad"), "--preset", "nonsense", "--tokens", "20000")
     assert r.returncode == 2 and "Traceback" not in r.stderr

@@ -25,7 +25,9 @@ The skills, one generator each (:data:`SKILLS`):
 
 Nothing here is drawn from an env: words, names, ids, prices, option names and layouts are made up from a
 seeded RNG (syllables), so a base trained on it has seen none of any evaluation's catalog, tasks or games.
-The generator is a pure function of its seed: :func:`examples` yields the same stream every time.
+The generator is a pure function of its seed and recipe (:data:`RECIPES`): :func:`examples` yields the same
+stream every time. Recipe 1 made the shipped base; 2 (a recurring site pool) and 3 (2 + a made-up lexicon) are
+the alternatives measured against it (README, "The pre-trained base"); none has yet made a 1.3M model copy.
 """
 
 from __future__ import annotations
@@ -44,13 +46,36 @@ from dreamgym.experience.protocol import (
 )
 from dreamgym.train.sft import SFTExample
 
-CORPUS_VERSION = "1"
 
-# Skill -> share of the stream. The agent share is smaller: choosing is one token, copying is many.
-SKILLS: dict[str, float] = {
-    "open": 0.20, "select": 0.12, "buy": 0.18, "search": 0.07, "detail": 0.06, "invalid": 0.07,
-    "world": 0.10, "choose": 0.20,
+@dataclass(frozen=True)
+class Recipe:
+    """How a corpus version draws its stream: skill shares, a recurring site pool, a made-up lexicon."""
+
+    skills: dict[str, float]  # skill -> share of the stream
+    site_pool: int = 0  # sites drawn once from the seed; 0: a fresh site for every example
+    fresh_site_share: float = 0.0  # share of examples on a fresh site even when there is a pool
+    lexicon: int = 0  # words drawn once from the seed, every word then taken whole from them; 0: spelt afresh
+    rng_tag: str = "1"  # the stream's RNG is seeded from "dreamgym-corpus-v<rng_tag>-<seed>"
+
+
+# The agent share is smaller: choosing is one token, copying is many.
+_SKILLS_V1 = {"open": 0.20, "select": 0.12, "buy": 0.18, "search": 0.07, "detail": 0.06, "invalid": 0.07,
+              "world": 0.10, "choose": 0.20}
+# More of the copy skills (open, select, invalid): the version-1 base had not learned to copy after 10M tokens.
+_SKILLS_V2 = {"open": 0.22, "select": 0.14, "buy": 0.16, "search": 0.08, "detail": 0.06, "invalid": 0.10,
+              "world": 0.10, "choose": 0.14}
+RECIPES: dict[str, Recipe] = {
+    # The shipped base's: every example on a fresh site, every word spelt afresh from ~34x10x13 syllables.
+    "1": Recipe(_SKILLS_V1),
+    # Sites from a pool of 256 drawn from the seed (a made-up catalog whose words recur), a quarter fresh: on
+    # the shop, a recurring catalog is where a from-scratch model's copying emerged (~2 epochs).
+    "2": Recipe(_SKILLS_V2, site_pool=256, fresh_site_share=0.25, rng_tag="2"),
+    # As 2, with words from a lexicon of 1,500 drawn from the seed, so that the BPE learns most words as one to
+    # three tokens and a copy can match on distinctive tokens rather than on the same few syllables.
+    "3": Recipe(_SKILLS_V2, site_pool=256, fresh_site_share=0.25, lexicon=1500, rng_tag="2"),
 }
+CORPUS_VERSION = "1"  # the default recipe (the shipped base's)
+SKILLS = _SKILLS_V1
 
 _ONSETS = ["b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z",
            "br", "dr", "fl", "gr", "kl", "pl", "pr", "sk", "sl", "st", "tr", "th", "sh", "ch", "qu", "v"]
@@ -71,7 +96,16 @@ _TASK_VERBS = ["find", "get me", "i want", "look for", "i need", "pick", "show m
 _DIRECTIONS = ["north", "south", "east", "west", "up", "down"]
 
 
+class LexiconRandom(random.Random):
+    """The stream's RNG, carrying its made-up lexicon: :func:`_word` draws whole words from it."""
+
+    lexicon: list[str]
+
+
 def _word(rng: random.Random, syllables: tuple[int, int] = (1, 3)) -> str:
+    lexicon = getattr(rng, "lexicon", None)  # a stream with a lexicon (recipe 3)
+    if lexicon:
+        return str(rng.choice(lexicon))
     return "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
                    for _ in range(rng.randint(*syllables)))
 
@@ -436,12 +470,18 @@ def _exp_example(step: Step, rng: random.Random) -> SFTExample:
     return SFTExample(build_messages(query, cfg), target)
 
 
-def example(rng: random.Random) -> SFTExample:
-    """One example of a skill drawn by :data:`SKILLS` weights."""
-    skill = rng.choices(list(SKILLS), weights=list(SKILLS.values()))[0]
+def example(rng: random.Random, pool: list[Site] | None = None, recipe: Recipe = RECIPES[CORPUS_VERSION]) -> SFTExample:
+    """One example of a skill drawn by the recipe's shares, on a site of ``pool`` (or, for the recipe's
+    ``fresh_site_share`` of them and when there is no pool, on a fresh one)."""
+    skill = rng.choices(list(recipe.skills), weights=list(recipe.skills.values()))[0]
+    return example_of(skill, rng, pool, recipe.fresh_site_share)
+
+
+def example_of(skill: str, rng: random.Random, pool: list[Site] | None = None, fresh_share: float = 0.0) -> SFTExample:
+    """One example of ``skill`` (see :func:`example`)."""
     if skill == "world":
         return _exp_example(step_world(rng), rng)
-    site = Site.random(rng)
+    site = rng.choice(pool) if pool and rng.random() >= fresh_share else Site.random(rng)
     wish = _wish(site, rng.choice(site.items), rng)
     if skill == "choose":
         obs, action = choose_step(site, wish, rng)
@@ -449,8 +489,15 @@ def example(rng: random.Random) -> SFTExample:
     return _exp_example(STEP_MAKERS[skill](site, wish, rng), rng)
 
 
-def examples(seed: int) -> Iterator[SFTExample]:
-    """The endless, deterministic stream of examples for ``seed``."""
-    rng = random.Random(f"dreamgym-corpus-v{CORPUS_VERSION}-{seed}")
+def examples(seed: int, version: str = CORPUS_VERSION, stream: str = "train") -> Iterator[SFTExample]:
+    """The endless, deterministic stream of examples for ``seed`` under the recipe ``version``. Another
+    ``stream`` draws other examples of the same lexicon and pool (the tokenizer is fitted on one)."""
+    recipe = RECIPES[version]
+    rng = LexiconRandom(f"dreamgym-corpus-v{recipe.rng_tag}-{seed}")
+    if recipe.lexicon:
+        rng.lexicon = list(dict.fromkeys(_word(rng) for _ in range(recipe.lexicon)))
+    pool = [Site.random(rng) for _ in range(recipe.site_pool)]
+    if stream != "train":
+        rng.seed(f"dreamgym-corpus-v{recipe.rng_tag}-{seed}-{stream}")
     while True:
-        yield example(rng)
+        yield example(rng, pool, recipe)
