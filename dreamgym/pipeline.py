@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
+from dreamgym.types import read_yaml_mapping
+
 console = Console(stderr=True)
 
 # What an env needs when the config does not say: its constructor arguments, the policy's prompt options
@@ -130,13 +132,7 @@ def demo_config(profile: str, overrides: dict[str, Any] | None = None, config: P
         raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
     from_file: dict[str, Any] = {}
     if config is not None:
-        try:
-            loaded = yaml.safe_load(config.read_text())
-        except yaml.YAMLError as e:
-            raise ValueError(f"{config}: not valid YAML: {str(e).splitlines()[0]}") from None
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{config}: a demo config is a YAML mapping of DemoConfig fields")
-        from_file = loaded
+        from_file = read_yaml_mapping(config, "demo config")
     given = {**from_file, **(overrides or {})}
     profile_fields = PROFILES[profile]
     if given.get("env", "shop") != "shop":  # the profile's shop fields give way to the other env's defaults

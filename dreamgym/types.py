@@ -112,10 +112,47 @@ def read_jsonl(path: str | os.PathLike[str]) -> Iterator[Trajectory]:
     p = Path(path)
     if not p.exists():
         raise DataError(f"{p}: no such file")
-    with p.open("r", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    if p.is_dir():
+        raise DataError(f"{p}: is a directory, not a trajectory file")
+    with p.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{p}:{lineno}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
             if line.strip():
                 yield parse_trajectory(line, f"{p}:{lineno}")
+
+
+def read_yaml_mapping(path: str | os.PathLike[str], what: str = "config") -> dict[str, Any]:
+    """The mapping in a YAML file (empty file: ``{}``). Every problem is a one-line :class:`DataError` naming
+    the file (and the line, for bad bytes or bad YAML): missing, a directory, not UTF-8, invalid YAML, or not a
+    mapping. The one loader of every YAML config (RL, demo, M_exp training, LLM)."""
+    import yaml
+
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"{p}: no such {what} file")
+    if p.is_dir():
+        raise DataError(f"{p}: is a directory, not a {what} file")
+    raw = p.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise DataError(f"{p}:{line}: not UTF-8 (byte 0x{raw[e.start]:02x})") from None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+        reason = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise DataError(f"{where}: invalid YAML ({reason})") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise DataError(f"{p}: a {what} file must hold a mapping of fields, not {type(loaded).__name__}")
+    return loaded
 
 
 def _repair_torn_tail(p: Path) -> None:

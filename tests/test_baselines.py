@@ -173,3 +173,19 @@ def test_cli_sft_without_successes_is_one_line_exit_2(
         main()
     lines = [ln for ln in capsys.readouterr().err.strip().splitlines() if ln.strip()]
     assert exit_info.value.code == 2 and len(lines) == 1 and "no successful trajectories" in lines[0], lines
+
+
+def test_cli_sft_defaults_to_index_actions_and_takes_the_format(oracle: list[Trajectory], tmp_path: Path) -> None:
+    """The README's quick tour (``baseline sft`` then ``train``) gets the CPU default's index actions."""
+    from dreamgym.cli import app
+
+    write_trajectories(tmp_path / "d.jsonl", oracle)
+    for fmt, args in (("index", []), ("text", ["--action-format", "text"])):
+        out = tmp_path / fmt
+        r = CliRunner().invoke(app, ["baseline", "sft", "--data", str(tmp_path / "d.jsonl"), "--model", "micro",
+                                     "--out", str(out), "--epochs", "0.2", "--threads", "1", *args])
+        assert r.exit_code == 0, r.output
+        assert PolicyConfig.model_validate_json((out / "policy.json").read_text()).action_format == fmt
+    r = CliRunner().invoke(app, ["baseline", "sft", "--data", str(tmp_path / "d.jsonl"), "--out",
+                                 str(tmp_path / "x"), "--action-format", "numbers"])
+    assert r.exit_code != 0 and not (tmp_path / "x").exists()

@@ -57,5 +57,5 @@ def test_demo_config_layers_profile_file_and_overrides(tmp_path: Path) -> None:
     assert cfg.offline_episodes == 60  # the profile's size fields stay...
     assert cfg.policy["offer_task_search"] is False and cfg.dream["task_generator"] == "none"  # ...its shop ones go
     path.write_text("env: [textworld\n")
-    with pytest.raises(ValueError, match="not valid YAML"):
+    with pytest.raises(ValueError, match=r"tw.yaml:2: invalid YAML"):
         demo_config("default", None, path)

@@ -448,3 +448,9 @@ def test_cli_serves_the_shop(tmp_path: Any) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_gymnasium_make_of_a_served_env_passes_gymnasiums_checker(shop_url: str) -> None:
+    from conftest import gym_check
+
+    gym_check("agentgym", url=shop_url, env_name="shop")

@@ -97,3 +97,9 @@ def test_state_mapper_helpers() -> None:
 def test_unknown_task_type_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown task types"):
         ScienceWorldEnv(task="boil,fly-to-mars")
+
+
+def test_gymnasium_make_passes_gymnasiums_checker() -> None:
+    from conftest import gym_check
+
+    gym_check("scienceworld", task=TASKS, max_variations=3)

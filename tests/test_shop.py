@@ -261,3 +261,13 @@ def test_100k_catalog_builds() -> None:
     assert len(catalog) == 100_000 and len({p.asin for p in catalog.products}) == 100_000
     assert len(engine.search("organic coffee vanilla", k=50)) == 50
     print(f"100k catalog + BM25 index: {time.perf_counter() - start:.1f} s")
+
+
+def test_gymnasium_make_passes_gymnasiums_checker() -> None:
+    import gymnasium
+    import pytest
+    from conftest import gym_check
+
+    gym_check("shop", num_products=100)
+    with pytest.raises(ValueError, match="render_mode"):
+        gymnasium.make("dreamgym/shop-v0", render_mode="rgb_array", num_products=100)

@@ -97,3 +97,9 @@ def test_bad_settings_and_split(cache_dir: Path) -> None:
         env.tasks("valid")
     with pytest.raises(ValueError, match="overlaps"):
         TextWorldEnv(num_train_games=10, test_seed_offset=5)
+
+
+def test_gymnasium_make_passes_gymnasiums_checker(cache_dir: Path) -> None:
+    from conftest import gym_check
+
+    gym_check("textworld", num_train_games=3, num_test_games=2, cache_dir=str(cache_dir))

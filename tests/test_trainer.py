@@ -207,3 +207,16 @@ def test_grpo_episode_turn_weighting_gives_every_episode_equal_weight() -> None:
     grpo_advantages(eps, rows, normalize_std=False, turn_weighting="episode")
     # scaled by mean_turns / turns: 2/1 for the success, 2/3 for the failure -> summed weight +1.0 vs -1.0
     assert [r.advantage for r in rows] == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3])
+
+
+def test_a_run_whose_every_action_is_invalid_warns(sft_run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An untrained policy writes no valid action: the update then learns nothing, and the trainer says so."""
+    env = make("shop", **SHOP)
+    trajs = list(iter_episodes(env, env.scripted_policy("oracle"), 1, seed=0))
+    policy_cfg = PolicyConfig(max_new_tokens=4)
+    model, tokenizer = init_model("micro", trajs, bc_examples(trajs, policy_cfg), vocab_size=1024, seed=0)
+    save_policy(tmp_path / "untrained", model, tokenizer, policy_cfg)
+    with caplog.at_level("WARNING", logger="dreamgym.rl.trainer"):
+        train(config(sft_run, init=str(tmp_path / "untrained"), max_steps=2), tmp_path / "run")
+    assert metrics(tmp_path / "run")[0]["invalid_rate"] == 1.0
+    assert any("every action was invalid" in r.getMessage() for r in caplog.records)

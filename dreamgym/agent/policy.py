@@ -212,6 +212,44 @@ def load_policy(run_dir: str | os.PathLike[str], device: str = "cpu", cfg: Polic
 
     run = Path(run_dir)
     model_dir = run / "model" if (run / "model").is_dir() else run
+    local = run.exists() or os.sep in str(run_dir)  # otherwise a hub name
+    if local:
+        check_model_dir(model_dir)
     if cfg is None and (run / "policy.json").exists():
         cfg = PolicyConfig.model_validate_json((run / "policy.json").read_text())
-    return LLMPolicy(HFLLM.from_pretrained(model_dir, device=device), cfg)
+    try:
+        llm = HFLLM.from_pretrained(model_dir, device=device)
+    except (OSError, RuntimeError, ValueError) as e:
+        if not local:
+            raise
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{model_dir}: cannot load the model ({first})") from None
+    return LLMPolicy(llm, cfg)
+
+
+def check_model_dir(model_dir: Path) -> None:
+    """A one-line error naming what is missing or broken in a local model directory, before loading it."""
+    import json
+
+    from safetensors import safe_open
+
+    if not model_dir.is_dir():
+        raise ValueError(f"{model_dir}: no such policy or model directory")
+    config = model_dir / "config.json"
+    if not config.is_file():
+        raise ValueError(f"{model_dir}: no config.json, so not a model directory (dreamgym baseline sft or "
+                         "dreamgym model init makes one)")
+    try:
+        json.loads(config.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{config}: not valid JSON ({str(e).splitlines()[0]})") from None
+    weights = model_dir / "model.safetensors"
+    if not weights.is_file():
+        if not any(model_dir.glob("*.safetensors")) and not (model_dir / "pytorch_model.bin").is_file():
+            raise ValueError(f"{model_dir}: no model weights (model.safetensors)")
+        return
+    try:
+        with safe_open(str(weights), framework="pt"):  # checks the header's offsets against the file's size
+            pass
+    except Exception as e:  # safetensors raises its own SafetensorError (not exported in every version)
+        raise ValueError(f"{weights}: unreadable ({str(e).splitlines()[0]}); the file is truncated or corrupt") from None

@@ -33,16 +33,37 @@ for _mod in (_data, _demo, _env, _model, _buffer, _train, _experience, _baseline
     _mod.register(app)
 
 
+def describe(e: BaseException) -> str:
+    """One line for a user error: a config's field at fault and why, a path's problem, bad text."""
+    from pydantic import ValidationError
+    from yaml import YAMLError
+
+    if isinstance(e, ValidationError):  # "RLConfig: iterations: Input should be a valid integer"
+        first = e.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "<config>"
+        more = f" (+{e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        return f"{e.title}: {loc}: {first['msg']}{more}"
+    if isinstance(e, UnicodeDecodeError):
+        return f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})"
+    if isinstance(e, YAMLError):  # a --set value (files go through dreamgym.types.read_yaml_mapping)
+        return f"invalid YAML ({str(e).splitlines()[0]})"
+    if isinstance(e, OSError) and e.filename is not None:  # a directory where a file belongs, permissions
+        return f"{e.filename}: {e.strerror or type(e).__name__}"
+    text = str(e)
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def main() -> None:
+    from yaml import YAMLError
+
     from dreamgym.llm.base import LLMError
     from dreamgym.types import DataError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         app()
-    except (DataError, FileNotFoundError, KeyError, ValueError, ConnectionError, LLMError) as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        err.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
+    except (DataError, OSError, KeyError, ValueError, LLMError, YAMLError) as e:
+        err.print(f"[red]error:[/red] {describe(e)}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         err.print("interrupted")

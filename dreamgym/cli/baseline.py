@@ -15,7 +15,8 @@ console = Console(stderr=True)
 @baseline_app.command("sft")
 def sft_cmd(
     data: list[Path] = typer.Option(..., "--data", help="trajectory file (.jsonl/.parquet); repeat"),
-    model: str = typer.Option("small", help="tiny preset (micro | small | base) or a HF model / policy run dir"),
+    model: str = typer.Option("pretrained", help="pretrained (the shipped base) | a tiny preset (micro | small | "
+                              "base) | a HF model / policy run dir"),
     out: Path = typer.Option(..., help="policy run dir to write (a rerun resumes from its checkpoints)"),
     epochs: float = typer.Option(3.0, help="passes over the examples"),
     lr: float = typer.Option(1e-3, help="peak learning rate (cosine schedule)"),
@@ -23,6 +24,8 @@ def sft_cmd(
     time_budget: float | None = typer.Option(None, "--time-budget", help="stop (and save) after this many seconds"),
     vocab_size: int | None = typer.Option(None, help="BPE vocabulary of a preset (default: the preset's)"),
     history_window: int = typer.Option(3, help="previous actions shown in the agent prompt"),
+    action_format: str = typer.Option("index", help="index: the policy answers an option number (the tiny CPU "
+                                      "default) | text: it writes the action itself"),
     seed: int = typer.Option(0, help="model init and data order seed"),
     threads: int | None = typer.Option(None, help="torch CPU threads"),
 ) -> None:
@@ -33,7 +36,10 @@ def sft_cmd(
 
     sft_cfg = SFTConfig(epochs=epochs, learning_rate=lr, batch_size=batch_size, time_budget_s=time_budget,
                         seed=seed, num_threads=threads)
-    summary = train_bc(data, model, out, sft_cfg, PolicyConfig(history_window=history_window), vocab_size)
+    if action_format not in ("index", "text"):
+        raise ValueError(f"--action-format {action_format!r}: index or text")
+    policy_cfg = PolicyConfig(history_window=history_window, action_format=action_format)  # type: ignore[arg-type]
+    summary = train_bc(data, model, out, sft_cfg, policy_cfg, vocab_size)
     keys = ("examples", "real_transitions", "epochs", "train_loss", "seconds")
     console.print(f"saved the behaviour-cloned policy to {out}")
     print(json.dumps({k: summary[k] for k in keys}))

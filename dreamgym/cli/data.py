@@ -49,10 +49,14 @@ def collect(
     from dreamgym.envs import make
     from dreamgym.types import JsonlWriter, read_trajectories, write_parquet
 
+    if out.is_dir():  # checked before any episode is played
+        raise ValueError(f"{out}: is a directory; --out is a .jsonl or .parquet file")
     env = make(env_name, **parse_env_args(env_arg))
     pol = env.scripted_policy(policy, seed=seed, **_policy_kwargs(noise))
     done_already = 0
-    if out.suffix == ".jsonl" and out.exists():
+    # Opening the writer first cuts a torn last line left by a killed run, so the resume count can read the file.
+    writer = JsonlWriter(out) if out.suffix == ".jsonl" else None
+    if writer is not None and out.stat().st_size:
         # Resume: count the episodes this exact command already wrote (same policy, split and seed range).
         for t in read_trajectories(out):
             m = t.meta
@@ -62,7 +66,6 @@ def collect(
             console.print(f"resuming: {done_already} of {episodes} episodes already in {out}")
     successes = 0
     trajs = []
-    writer = JsonlWriter(out) if out.suffix == ".jsonl" else None
     try:
         with _progress() as bar:
             task = bar.add_task(f"collect {policy}", total=episodes, completed=done_already, success=0.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 from pydantic import ValidationError
@@ -23,22 +23,13 @@ def load_llm_config(
     path: Path | None, backend: str | None, model: str | None, base_url: str | None, device: str | None
 ) -> LLMConfig:
     """An :class:`LLMConfig` from a YAML file, with any of the flags overriding its fields."""
-    import yaml
-    from pydantic import ValidationError
 
     from dreamgym.llm.base import LLMConfig
+    from dreamgym.types import read_yaml_mapping
 
     fields: dict[str, object] = {}
     if path is not None:
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such LLM config file")
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as e:
-            raise ValueError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{path}: an LLM config must be a mapping of fields")
-        fields.update(loaded)
+        fields.update(read_yaml_mapping(path, "LLM config"))
     overrides = {"backend": backend, "model": model, "base_url": base_url, "device": device}
     fields.update({k: v for k, v in overrides.items() if v is not None})
     if "model" not in fields:
@@ -139,22 +130,6 @@ def annotate(
         )
 
 
-def _load_yaml_mapping(path: Path | None, what: str) -> dict[str, Any]:
-    import yaml
-
-    if path is None:
-        return {}
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such {what} file")
-    try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(loaded, dict):
-        raise ValueError(f"{path}: a {what} must be a mapping of fields")
-    return loaded
-
-
 def train_exp(
     data: list[Path] = typer.Option(..., "--data", help="annotated trajectory file (.jsonl/.parquet); repeat"),
     out: Path = typer.Option(..., "--out", help="model directory (model, tokenizer, experience.json, summary.json)"),
@@ -179,8 +154,9 @@ def train_exp(
     Precedence: ExpTrainConfig defaults < --config < flags. Prints the training summary as JSON.
     """
     from dreamgym.experience.train import ExpTrainConfig, train_experience_model
+    from dreamgym.types import read_yaml_mapping
 
-    fields = _load_yaml_mapping(config, "train-exp config")
+    fields = read_yaml_mapping(config, "train-exp config") if config is not None else {}
     protocol, sft = dict(fields.get("protocol") or {}), dict(fields.get("sft") or {})
     protocol_flags = {"k": k, "history_window": history, "reasoning": False if no_reasoning else None}
     sft_flags = {"epochs": epochs, "learning_rate": lr, "batch_size": batch_size, "time_budget_s": time_budget,
@@ -189,24 +165,17 @@ def train_exp(
     sft.update({key: v for key, v in sft_flags.items() if v is not None})
     top = {"model": model, "encoder": encoder, "snapshot_every_s": snapshot_every, "seed": seed}
     fields.update({key: v for key, v in top.items() if v is not None}, protocol=protocol, sft=sft)
+    cfg = ExpTrainConfig.model_validate(fields)  # a ValidationError names the field (dreamgym.cli.describe)
     try:
-        cfg = ExpTrainConfig.model_validate(fields)
         protocol_cfg, sft_cfg = cfg.protocol_config(), cfg.sft_config()
-    except (ValidationError, TypeError) as e:
-        raise ValueError(f"train-exp config: {_first_error(e)}") from None
+    except TypeError as e:  # an unknown protocol field
+        raise ValueError(f"train-exp config: {str(e).splitlines()[0]}") from None
     console.print(f"train-exp config: {cfg.model_dump_json()}", highlight=False, soft_wrap=True)
     summary = train_experience_model(
         data, cfg.model, out, protocol_cfg, sft_cfg, buffer_dir=buffer, encoder=cfg.encoder, chat=cfg.chat,
         vocab_size=cfg.vocab_size, mixture=cfg.mixture, snapshot_every_s=cfg.snapshot_every_s, seed=cfg.seed,
     )
     print(json.dumps(summary))
-
-
-def _first_error(e: Exception) -> str:
-    if isinstance(e, ValidationError):
-        err = e.errors()[0]
-        return f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}"
-    return str(e).splitlines()[0]
 
 
 def eval_exp(

@@ -50,16 +50,13 @@ def train_cmd(
     < --env/--algo/--init/--real-budget/--env-arg < --set.
     """
     from dreamgym.rl.trainer import RLConfig, train
+    from dreamgym.types import read_yaml_mapping
 
     base: dict[str, Any] = {}
     if resume and (out / "config.yaml").is_file():
-        base = yaml.safe_load((out / "config.yaml").read_text()) or {}
+        base = read_yaml_mapping(out / "config.yaml", "RL config")
     elif config is not None:
-        if not config.is_file():
-            raise FileNotFoundError(f"{config}: no such config file")
-        base = yaml.safe_load(config.read_text()) or {}
-    if not isinstance(base, dict):
-        raise ValueError(f"{config}: a config file must hold a mapping of RLConfig fields")
+        base = read_yaml_mapping(config, "RL config")
     flags = {"env": env_name, "algo": algo, "init": init, "real_transition_budget": real_budget}
     base.update({k: v for k, v in flags.items() if v is not None})
     if env_arg:

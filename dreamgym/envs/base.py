@@ -29,9 +29,12 @@ MAX_TEXT = 1 << 16
 
 
 def text_space() -> gym.spaces.Text:
+    """Observations and actions as Gymnasium text: ASCII, Latin-1 letters and signs (é, °, ×, £), general
+    punctuation (— ’ “ ” …, the "…" the state mappers truncate with) and currency signs (€)."""
     import string
 
-    return gym.spaces.Text(max_length=MAX_TEXT, min_length=0, charset=string.printable + "—–’“”€£é")
+    extra = [chr(c) for c in (*range(0xA0, 0x100), *range(0x2010, 0x205F), *range(0x20A0, 0x20C1))]
+    return gym.spaces.Text(max_length=MAX_TEXT, min_length=0, charset=string.printable + "".join(extra))
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,7 @@ class TextEnv(gym.Env[str, str]):
         return obs, float(reward), bool(terminated), bool(truncated), info
 
     def render(self) -> str:
+        """The current observation as text (the ``ansi`` render mode, the only one)."""
         return self._last_obs
 
     @property
@@ -209,7 +213,22 @@ def register(name: str, entry_point: str | EnvFactory) -> None:
     _REGISTRY[name] = entry_point
     gym_id = f"dreamgym/{name}-v0"
     if gym_id not in gym.registry:
-        gym.register(id=gym_id, entry_point=entry_point, disable_env_checker=True)
+        gym.register(id=gym_id, entry_point=_gymnasium_creator(name), disable_env_checker=True)
+
+
+def _gymnasium_creator(name: str) -> Callable[..., TextEnv]:
+    """What ``gymnasium.make("dreamgym/<name>-v0", render_mode=..., **kwargs)`` calls: :func:`make` (so the
+    kwargs are recorded in trajectories like any other), with Gymnasium's ``render_mode`` checked and set."""
+
+    def create(render_mode: str | None = None, **kwargs: Any) -> TextEnv:
+        env = make(name, **kwargs)
+        if render_mode is not None and render_mode not in env.metadata["render_modes"]:
+            raise ValueError(f"render_mode {render_mode!r}: {name} renders {env.metadata['render_modes']}")
+        env.render_mode = render_mode
+        return env
+
+    create.metadata = TextEnv.metadata  # type: ignore[attr-defined]  # read by gymnasium.make
+    return create
 
 
 def registered() -> list[str]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import random
 import shutil
 import time
@@ -59,6 +60,8 @@ from dreamgym.rl.losses import (
 )
 from dreamgym.rl.rollout import MAX_SEED, Episode, RolloutStats, collect_rollouts, count_env_steps
 from dreamgym.types import write_jsonl
+
+log = logging.getLogger(__name__)
 
 
 class RLConfig(BaseModel):
@@ -125,13 +128,9 @@ class RLConfig(BaseModel):
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> RLConfig:
-        p = Path(path)
-        if not p.is_file():
-            raise FileNotFoundError(f"{p}: no such config file")
-        data = yaml.safe_load(p.read_text()) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{p}: a config file must hold a mapping of RLConfig fields")
-        return cls.model_validate({**data, **(overrides or {})})
+        from dreamgym.types import read_yaml_mapping
+
+        return cls.model_validate({**read_yaml_mapping(path, "RL config"), **(overrides or {})})
 
 
 def make_env_factory(cfg: RLConfig) -> EnvFactory:
@@ -626,6 +625,9 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
             with metrics_path.open("a") as f:
                 f.write(json.dumps(metrics) + "\n")
             console.print(_progress_line(metrics), highlight=False, soft_wrap=True)
+            if rows and metrics["invalid_rate"] >= 1.0:
+                log.warning("iteration %d: every action was invalid, so the update learns nothing; does the policy's "
+                            "action_format (%s) match how it was trained?", it, policy.cfg.action_format)
             if it % cfg.save_every == 0 or it == cfg.iterations:
                 _save(run, policy, optimizer, critic, critic_optimizer, rng, state, taskset, pool)
         if not state.evals or state.evals[-1]["iteration"] != state.iteration:  # budget stop: a final evaluation
