@@ -454,3 +454,22 @@ def test_gymnasium_make_of_a_served_env_passes_gymnasiums_checker(shop_url: str)
     from conftest import gym_check
 
     gym_check("agentgym", url=shop_url, env_name="shop")
+
+
+def test_sessions_expire_by_default_and_an_api_key_guards_every_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dreamgym.envs.server import DEFAULT_IDLE_TIMEOUT_S
+
+    assert create_app("counter").state.store.idle_timeout_s == DEFAULT_IDLE_TIMEOUT_S > 0
+    with BackgroundServer(create_app("counter", api_key="s3cret")) as base:
+        assert httpx.get(f"{base}/health", timeout=5).status_code == 200  # open, for health checks
+        assert httpx.post(f"{base}/create", json={}, timeout=5).status_code == 401
+        bad = httpx.post(f"{base}/create", json={}, headers={"Authorization": "Bearer nope"}, timeout=5)
+        assert bad.status_code == 401 and "API key" in bad.text
+        monkeypatch.setenv("DG_ENV_KEY", "s3cret")
+        env = make("agentgym", url=base, env_name="counter", backoff=0.01, api_key_env="DG_ENV_KEY")
+        obs, _ = env.reset(seed=0)
+        assert obs and env.make_kwargs["api_key_env"] == "DG_ENV_KEY" and "s3cret" not in str(env.make_kwargs)
+        env.close()
+        monkeypatch.delenv("DG_ENV_KEY")
+        with pytest.raises(ValueError, match="DG_ENV_KEY"):
+            client(base, api_key_env="DG_ENV_KEY")

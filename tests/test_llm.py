@@ -230,3 +230,17 @@ def test_cli_model_init_and_serve_arguments(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.delenv("DG_UNSET_KEY", raising=False)
     result = CliRunner().invoke(app, ["serve", str(out), "--api-key-env", "DG_UNSET_KEY"])
     assert isinstance(result.exception, ValueError) and "DG_UNSET_KEY" in str(result.exception)
+
+
+def test_tokenizer_building_cuts_a_pathological_line(caplog: pytest.LogCaptureFixture) -> None:
+    """A 5 MB single line is cut to TOKENIZER_TEXT_CHARS (counted and logged), so building stays bounded."""
+    import random
+
+    from dreamgym.llm.tiny import TOKENIZER_TEXT_CHARS, build_tokenizer
+
+    rng = random.Random(0)
+    huge = "".join(rng.choice("abcdefghij klmnop") for _ in range(5_000_000))
+    with caplog.at_level("WARNING", logger="dreamgym.llm.tiny"):
+        tok = build_tokenizer(["[1] button: Buy Now", huge, "search[red shoes]"], 400)
+    assert any(f"1 cut to {TOKENIZER_TEXT_CHARS}" in r.getMessage() for r in caplog.records)
+    assert tok.decode(tok("search[red shoes]", add_special_tokens=False).input_ids) == "search[red shoes]"

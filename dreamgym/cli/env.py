@@ -76,14 +76,23 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="interface to bind (0.0.0.0 exposes it to the network)"),
     env_arg: list[str] = typer.Option(None, "--env-arg", help="env constructor argument key=value"),
     max_sessions: int = typer.Option(256, min=1, help="most env sessions at once (more get 503)"),
-    idle_timeout: float = typer.Option(None, help="close sessions idle this many seconds"),
+    idle_timeout: float = typer.Option(1800.0, min=0, help="close sessions idle this many seconds (0: never)"),
+    api_key_env: str | None = typer.Option(None, help="env var holding the API key clients must send (Bearer)"),
     log_level: str = typer.Option("info", help="uvicorn log level"),
 ) -> None:
     """Serve an env over AgentGym's env-server HTTP protocol (POST /create, /reset, /step, /close, ...)."""
+    import os
+
     from dreamgym.envs.server import create_app
     from dreamgym.envs.server import serve as run_server
 
-    app = create_app(name, parse_env_args(env_arg), max_sessions=max_sessions, idle_timeout_s=idle_timeout)
+    api_key = None
+    if api_key_env is not None:
+        api_key = os.environ.get(api_key_env)
+        if not api_key:
+            raise ValueError(f"--api-key-env {api_key_env}: the environment variable is unset or empty")
+    app = create_app(name, parse_env_args(env_arg), max_sessions=max_sessions, idle_timeout_s=idle_timeout or None,
+                     api_key=api_key)
     url = f"http://{host}:{port}"
     console.print(f"serving {name!r} on {url} (AgentGym protocol; WebShop dialect: {url}/webshop)", soft_wrap=True)
     run_server(app, host=host, port=port, log_level=log_level)

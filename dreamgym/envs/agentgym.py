@@ -36,6 +36,7 @@ because their pydantic bodies ignore unknown fields and FastAPI ignores unknown 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -93,6 +94,7 @@ class AgentGymEnv(TextEnv):
         success_threshold: float = 1.0,
         world_type: str = "Text",
         max_steps: int = 15,
+        api_key_env: str | None = None,
     ) -> None:
         super().__init__(max_steps=max_steps)
         self.url = url.rstrip("/")
@@ -105,7 +107,15 @@ class AgentGymEnv(TextEnv):
         self.env_name = env_name
         self._ranges = {"train": train_range, "test": test_range}
         # trust_env=False: a proxy set in the environment must not capture calls to a local env server.
-        self._http = httpx.Client(timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)), trust_env=False)
+        # The key is read from the named env var, so it never enters make_kwargs (recorded in trajectories).
+        headers = {}
+        if api_key_env is not None:
+            key = os.environ.get(api_key_env)
+            if not key:
+                raise ValueError(f"api_key_env {api_key_env}: the environment variable is unset or empty")
+            headers["Authorization"] = f"Bearer {key}"
+        self._http = httpx.Client(timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)), trust_env=False,
+                                  headers=headers)
         self._env_id: int | None = None
         self._listing: dict[str, Any] | None = None  # GET /tasks of a dreamgym server, fetched once
         self._has_actions_endpoint = True

@@ -42,6 +42,7 @@ Run a single worker process: sessions live in its memory.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import socket
@@ -53,7 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import uvicorn
-from fastapi import FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -67,6 +68,8 @@ from dreamgym.types import Task
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_SESSIONS = 256
+# Sessions unused this long are closed, so abandoned clients cannot hold the session cap forever.
+DEFAULT_IDLE_TIMEOUT_S = 1800.0
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # actions are short; a megabyte is already generous
 
 
@@ -305,10 +308,13 @@ def create_app(
     env_kwargs: dict[str, Any] | None = None,
     *,
     max_sessions: int = DEFAULT_MAX_SESSIONS,
-    idle_timeout_s: float | None = None,
+    idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    api_key: str | None = None,
 ) -> FastAPI:
     """A FastAPI app serving ``make(env_name, **env_kwargs)`` sessions over the AgentGym protocol.
+
+    With ``api_key``, every route but ``/`` and ``/health`` needs ``Authorization: Bearer <api_key>`` (else 401).
 
     One env is built here to validate the arguments and list the tasks, so a bad name or argument fails now.
     """
@@ -323,7 +329,15 @@ def create_app(
         yield
         store.close_all()  # shutdown: release every env
 
-    app = FastAPI(title=f"dreamgym env server: {env_name}", version="1", lifespan=lifespan)
+    def check_key(request: Request) -> None:
+        if api_key is None or request.url.path in ("/", "/health"):
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise HTTPException(401, "invalid or missing API key (Authorization: Bearer ...)")
+
+    app = FastAPI(title=f"dreamgym env server: {env_name}", version="1", lifespan=lifespan,
+                  dependencies=[Depends(check_key)])
     app.state.store = store
     app.state.tasks = tasks
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)

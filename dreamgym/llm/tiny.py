@@ -107,8 +107,16 @@ def corpus_texts(paths: Sequence[str | os.PathLike[str]]) -> Iterator[str]:
 # ---------------------------------------------------------------------------------------- tokenizer
 
 
+# Caps on the text a BPE is trained on: merges come from local statistics, so the head of a long text and the
+# first tens of MB of a corpus teach them as well as the rest, while one pathological 50 MB line would stall the
+# trainer for minutes at GBs of memory. Cuts are counted and logged.
+TOKENIZER_TEXT_CHARS = 8192
+TOKENIZER_CORPUS_CHARS = 64_000_000
+
+
 def build_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE (GPT-2 style: every byte is in the alphabet, so nothing is ever unknown)."""
+    """Train a byte-level BPE (GPT-2 style: every byte is in the alphabet, so nothing is ever unknown) on at most
+    :data:`TOKENIZER_CORPUS_CHARS` characters, each text cut to :data:`TOKENIZER_TEXT_CHARS`."""
     specials = [PAD, BOS, EOS, *ROLE_TOKENS]
     if vocab_size < 256 + len(specials) + 2:
         raise ValueError(f"vocab size {vocab_size} is too small for a byte-level BPE (need > {256 + len(specials) + 2})")
@@ -121,17 +129,27 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    n_texts = 0
+    n_texts = cut = 0
+    chars = 0
 
     def counted() -> Iterator[str]:
-        nonlocal n_texts
+        nonlocal n_texts, cut, chars
         for text in texts:
             n_texts += 1
+            if len(text) > TOKENIZER_TEXT_CHARS:
+                cut += 1
+                text = text[:TOKENIZER_TEXT_CHARS]
+            chars += len(text)
             yield text
+            if chars >= TOKENIZER_CORPUS_CHARS:
+                return
 
     tok.train_from_iterator(counted(), trainer=trainer)
     if n_texts == 0:
         raise DataError("the tokenizer corpus has no text")
+    if cut or chars >= TOKENIZER_CORPUS_CHARS:
+        log.warning("tokenizer trained on %d texts (%d cut to %d characters%s)", n_texts, cut, TOKENIZER_TEXT_CHARS,
+                    f"; stopped at {TOKENIZER_CORPUS_CHARS:,} characters" if chars >= TOKENIZER_CORPUS_CHARS else "")
     # `<s>` starts every encoded prompt, as in Llama; chat prompts get it from the template instead.
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, tok.token_to_id(BOS))]
