@@ -121,6 +121,7 @@ def test_bad_requests_get_4xx_json_errors(server: BackgroundServer) -> None:
         ({**ok, "model": "gpt-9"}, 404, "not found"),
         ({**ok, "stream": True}, 400, "streaming"),
         ({**ok, "temperature": -1}, 400, "temperature"),
+        ({**ok, "max_tokens": "5"}, 400, "max_tokens"),
         ({**ok, "prompt": ["a", "b", "c"], "n": 3}, 400, "batch limit"),
     ]
     for body, status, message in cases:
@@ -131,6 +132,13 @@ def test_bad_requests_get_4xx_json_errors(server: BackgroundServer) -> None:
     assert chunked.status_code == 413  # no Content-Length: counted while reading
     r = post(server, "/chat/completions", {"model": "micro", "messages": [{"role": "user"}]})
     assert r.status_code == 400 and "content" in r.json()["error"]["message"]
+    r = httpx.post(f"{server.url}/completions", timeout=30,
+                   content=b'{"model": "micro", "prompt": "red", "max_tokens": 4, "temperature": Infinity}')
+    assert r.status_code == 400 and "temperature" in r.json()["error"]["message"], r.text
+    r = post(server, "/chat/completions", {"model": "micro", "messages": [{"role": "wizard", "content": "hi"}]})
+    assert r.status_code == 400 and "role" in r.json()["error"]["message"]
+    for r in (httpx.get(f"{server.url}/nope", timeout=30), httpx.get(f"{server.url}/completions", timeout=30)):
+        assert r.status_code in (404, 405) and set(r.json()["error"]) == {"message", "type", "code"}, r.text
     assert post(server, "/completions", ok).status_code == 200  # still serving
 
 

@@ -29,12 +29,13 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from dreamgym.llm.base import Completion, SamplingParams
@@ -63,10 +64,11 @@ class HTTPError(Exception):
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+    # strict: "max_tokens": "5" is an error, as in OpenAI's API, not a silently coerced 5
+    model_config = ConfigDict(extra="ignore", protected_namespaces=(), strict=True)
 
     model: str
-    temperature: float = Field(default=1.0, ge=0)
+    temperature: float = Field(default=1.0, ge=0, allow_inf_nan=False)
     top_p: float = Field(default=1.0, gt=0, le=1)
     n: int = Field(default=1, ge=1)
     stop: str | list[str] | None = None
@@ -83,7 +85,9 @@ class CompletionRequest(_Request):
 
 
 class ChatMessage(BaseModel):
-    role: str
+    model_config = ConfigDict(strict=True)
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str
 
 
@@ -161,6 +165,10 @@ def create_app(llm: HFLLM, model_name: str, api_key: str | None = None, limits: 
     @app.exception_handler(HTTPError)
     async def on_http_error(_: Request, e: HTTPError) -> JSONResponse:
         return _error(e.status, e.message, e.kind)
+
+    @app.exception_handler(StarletteHTTPException)  # unknown routes and methods, in OpenAI's error shape too
+    async def on_route_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        return _error(e.status_code, str(e.detail), "not_found_error" if e.status_code == 404 else "invalid_request_error")
 
     @app.exception_handler(ClientDisconnect)
     async def on_disconnect(_: Request, e: ClientDisconnect) -> JSONResponse:
