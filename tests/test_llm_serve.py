@@ -210,3 +210,35 @@ def test_backend_retries_5xx_and_timeouts() -> None:
         slow = OpenAILLM(cfg.model_copy(update={"max_retries": 1, "timeout_s": 0.2}))
         with pytest.raises(LLMError, match="failed after 2 attempts: APITimeoutError"):
             slow.generate([[{"role": "user", "content": "hi"}]], SamplingParams(max_new_tokens=2))
+
+
+def test_requests_of_clients_that_have_gone_are_aborted(micro_dir: Path) -> None:
+    """Clients that time out take their rows with them: the batch stops decoding for them (vLLM's abort)."""
+    limits = ServerLimits(max_batch=8, max_tokens=900, max_prompt_tokens=200, max_body_bytes=4096, poll_s=0.05)
+    llm = HFLLM.from_pretrained(micro_dir, max_batch_size=8)
+    llm.eos_ids = set()  # rows end only at max_tokens, so an answer surely outlasts its client's 0.3 s
+    app = create_app(llm, "micro", limits=limits)
+    body = {"model": "micro", "prompt": "red shirt", "max_tokens": 900, "temperature": 1.0, "seed": 0}
+    with BackgroundServer(app) as s:
+        for _ in range(4):
+            with pytest.raises(httpx.TimeoutException):
+                httpx.post(f"{s.url}/completions", json=body, timeout=0.3)
+        stats_url = f"http://{s.host}:{s.port}/stats"
+        stats: dict[str, int] = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            stats = httpx.get(stats_url, timeout=30).json()
+            if stats["rows_aborted"] == 4:
+                break
+            time.sleep(0.1)
+        assert stats["rows_aborted"] == 4, stats  # each left the batch before its 900 tokens
+        passes = stats["forward_passes"]
+        time.sleep(0.5)
+        assert httpx.get(stats_url, timeout=30).json()["forward_passes"] == passes  # idle: nothing left to decode
+        # a deadline aborts too, with a 408 in OpenAI's error shape
+        r = httpx.post(f"{s.url}/completions", json={**body, "timeout": 0.2}, timeout=30)
+        assert r.status_code == 408 and r.json()["error"]["type"] == "timeout", r.text
+        # a chat request without max_tokens gets the documented default, not the rest of the context
+        chat = {"model": "micro", "messages": [{"role": "user", "content": "red"}], "temperature": 1.0, "seed": 1}
+        done = httpx.post(f"{s.url}/chat/completions", json=chat, timeout=120).json()
+        assert done["usage"]["completion_tokens"] <= limits.chat_max_tokens

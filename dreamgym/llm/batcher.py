@@ -43,6 +43,8 @@ class Batcher:
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
         self._held: _Pending | None = None  # taken from the queue, waiting for room in the batch
         self._owner: dict[Row, tuple[_Pending, int]] = {}
+        self._aborts: queue.Queue[Future[list[Completion]]] = queue.Queue()  # requests whose client has gone
+        self.aborted = 0  # rows dropped mid-generation because their client had gone
         self.forward_passes = 0  # counters for /stats
         self.row_steps = 0  # rows in the batch, summed over forward passes
         self.rows = 0  # rows finished
@@ -53,6 +55,12 @@ class Batcher:
         pending = _Pending(prompt_ids, params)
         self._queue.put(pending)
         return pending.future
+
+    def abort(self, future: Future[list[Completion]]) -> None:
+        """Stop generating for a request whose client has gone: a waiting one is dropped before it joins, a
+        running one loses its rows before the next decode step (as vLLM aborts a disconnected request)."""
+        if not future.cancel():
+            self._aborts.put(future)
 
     def close(self) -> None:
         self._queue.put(None)
@@ -65,6 +73,7 @@ class Batcher:
                 try:
                     if not self._admit(batch):
                         return
+                    self._drop_aborted()
                     if batch.active:
                         before = batch.forward_passes
                         finished = batch.step()
@@ -127,6 +136,24 @@ class Batcher:
                 self._owner[row] = (p, i)
             start += len(p.prompt_ids)
         self._deliver([r for r in rows if r.finish is not None])
+
+    def _drop_aborted(self) -> None:
+        """Mark the rows of aborted requests finished (the batch prunes them) and forget their requests."""
+        gone: set[int] = set()
+        while True:
+            try:
+                gone.add(id(self._aborts.get_nowait()))
+            except queue.Empty:
+                break
+        if not gone:
+            return
+        for row, (pending, _) in list(self._owner.items()):
+            if id(pending.future) in gone:
+                row.finish = "length"  # finished for the batch; nobody reads it
+                del self._owner[row]
+                self.aborted += 1
+                if not pending.future.done():
+                    pending.future.set_exception(TimeoutError("aborted: the client has gone"))
 
     def _deliver(self, finished: list[Row]) -> None:
         for row in finished:

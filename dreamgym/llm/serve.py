@@ -13,6 +13,12 @@ OpenAI formats (completions: ``logprobs.tokens/token_logprobs/text_offset``; cha
 values are those of :mod:`dreamgym.llm.base`, and ``top_logprobs`` is always empty (not computed).
 Seeds: row ``j`` of a request (prompt-major, then ``n``) is sampled with ``seed + j``.
 
+A request whose client disconnects is aborted, as vLLM does: its rows leave the batch before the next decode
+step (``/stats`` counts them as ``rows_aborted``). A request may set a deadline, ``timeout`` in seconds (a
+dreamgym extension; ``ServerLimits.request_timeout_s`` is the server's default), after which it is aborted
+with a 408. A chat request without ``max_tokens`` gets ``ServerLimits.chat_max_tokens`` (256), capped by the
+context left.
+
 Bad requests (malformed JSON, missing fields, a body over ``max_body_bytes``, too long a prompt, too many
 tokens, streaming) get a 4xx JSON error ``{"error": {"message", "type", "code"}}``; the server keeps serving.
 """
@@ -52,6 +58,9 @@ class ServerLimits:
     max_prompt_tokens: int | None = None  # None: the model's context minus the request's max_tokens
     max_body_bytes: int = 1 << 20
     max_n: int = 16
+    chat_max_tokens: int = 256  # a chat request's max_tokens when it gives none (then capped by the context)
+    request_timeout_s: float | None = None  # default deadline of a request (a request's own "timeout" wins)
+    poll_s: float = 0.2  # how often a waiting request checks that its client is still there
 
 
 class HTTPError(Exception):
@@ -75,6 +84,7 @@ class _Request(BaseModel):
     seed: int | None = None
     stream: bool = False
     return_token_ids: bool = False
+    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # seconds; a dreamgym extension
 
 
 class CompletionRequest(_Request):
@@ -187,6 +197,7 @@ def create_app(llm: HFLLM, model_name: str, api_key: str | None = None, limits: 
             "forward_passes": b.forward_passes,
             "rows_finished": b.rows,
             "mean_rows_per_decode_step": round(b.row_steps / max(1, b.forward_passes), 2),
+            "rows_aborted": b.aborted,
         }
 
     def check_common(req: _Request, max_tokens: int) -> list[str]:
@@ -203,7 +214,8 @@ def create_app(llm: HFLLM, model_name: str, api_key: str | None = None, limits: 
             raise HTTPError(400, "stop strings must be non-empty")
         return stop
 
-    async def run(req: _Request, prompts: list[list[int]], max_tokens: int, stop: list[str], logprobs: bool) -> list[Completion]:
+    async def run(request: Request, req: _Request, prompts: list[list[int]], max_tokens: int, stop: list[str],
+                  logprobs: bool) -> list[Completion]:
         for ids in prompts:
             if lim.max_prompt_tokens is not None and len(ids) > lim.max_prompt_tokens:
                 raise HTTPError(400, f"prompt has {len(ids)} tokens; the limit is {lim.max_prompt_tokens}")
@@ -221,7 +233,23 @@ def create_app(llm: HFLLM, model_name: str, api_key: str | None = None, limits: 
                 llm.check_prompt(ids, p)
             except ValueError as e:
                 raise HTTPError(400, str(e)) from None
-        return await asyncio.wrap_future(app.state.batcher.submit(rows, params))
+        future = app.state.batcher.submit(rows, params)
+        waiting = asyncio.wrap_future(future)
+        timeout = req.timeout or lim.request_timeout_s
+        deadline = None if timeout is None else time.monotonic() + timeout
+        # Wait for the rows, checking that the client is still there: a client that has gone (or a passed
+        # deadline) aborts its rows, so the batch stops spending forward passes on answers nobody reads.
+        while True:
+            done, _ = await asyncio.wait({waiting}, timeout=lim.poll_s)
+            if done:
+                return waiting.result()
+            gone = await request.is_disconnected()
+            if gone or (deadline is not None and time.monotonic() > deadline):
+                app.state.batcher.abort(future)
+                waiting.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits it now
+                if gone:
+                    raise ClientDisconnect()
+                raise HTTPError(408, f"the request passed its deadline of {timeout:g} s", "timeout")
 
     def usage(prompts: list[list[int]], done: list[Completion]) -> dict[str, int]:
         prompt = sum(len(ids) for ids in prompts)
@@ -235,7 +263,7 @@ def create_app(llm: HFLLM, model_name: str, api_key: str | None = None, limits: 
         if req.echo:
             raise HTTPError(400, "echo is not supported by dreamgym serve")
         prompts = _prompt_ids(llm, req.prompt)
-        done = await run(req, prompts, req.max_tokens, stop, req.logprobs is not None)
+        done = await run(request, req, prompts, req.max_tokens, stop, req.logprobs is not None)
         choices = []
         for i, c in enumerate(done):
             choice: dict[str, Any] = {"index": i, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None}
@@ -264,9 +292,9 @@ def create_app(llm: HFLLM, model_name: str, api_key: str | None = None, limits: 
         except ValueError as e:
             raise HTTPError(400, str(e)) from None
         room = lim.max_tokens if llm.max_length is None else max(1, min(lim.max_tokens, llm.max_length - len(prompt)))
-        max_tokens = req.max_completion_tokens or req.max_tokens or room  # default: the rest of the context
+        max_tokens = req.max_completion_tokens or req.max_tokens or min(lim.chat_max_tokens, room)
         stop = check_common(req, max_tokens)
-        done = await run(req, [prompt], max_tokens, stop, req.logprobs)
+        done = await run(request, req, [prompt], max_tokens, stop, req.logprobs)
         choices = []
         for i, c in enumerate(done):
             choice: dict[str, Any] = {
