@@ -242,3 +242,22 @@ def test_requests_of_clients_that_have_gone_are_aborted(micro_dir: Path) -> None
         chat = {"model": "micro", "messages": [{"role": "user", "content": "red"}], "temperature": 1.0, "seed": 1}
         done = httpx.post(f"{s.url}/chat/completions", json=chat, timeout=120).json()
         assert done["usage"]["completion_tokens"] <= limits.chat_max_tokens
+
+
+def test_logprob_tokens_carry_their_true_bytes_and_offsets(llm: HFLLM) -> None:
+    """A token holding part of a multi-byte character keeps its own bytes (not U+FFFD's), in OpenAI's
+    ``bytes:\\xNN`` form, and text offsets count characters of the text."""
+    from dreamgym.llm.serve import _text_offsets, _token_bytes, _token_text
+
+    text = "23.5°C — Ω, naïve ✓"
+    ids = llm.tokenizer(text, add_special_tokens=False).input_ids
+    pieces = _token_bytes(llm, ids)
+    assert b"".join(pieces) == text.encode()
+    assert "".join(llm.tokenizer.decode([i]) for i in ids) != text  # decoding one token at a time loses bytes
+    partial = [p for p in pieces if _token_text(p).startswith("bytes:")]
+    assert partial and all(bytes.fromhex(_token_text(p)[6:].replace("\\x", "")) == p for p in partial)
+    offsets = _text_offsets(pieces)
+    assert offsets == sorted(offsets) and offsets[0] == 0 and offsets[-1] < len(text)
+    whole = [k for k, p in enumerate(pieces) if not _token_text(p).startswith("bytes:")]
+    for k in whole:  # a whole-character token's text stands at its offset in the text
+        assert text[offsets[k]:].startswith(_token_text(pieces[k]))

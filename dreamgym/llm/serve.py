@@ -150,8 +150,56 @@ def _prompt_ids(llm: HFLLM, prompt: str | list[str] | list[int] | list[list[int]
     return cast(list[list[int]], prompt)
 
 
-def _token_strings(llm: HFLLM, ids: list[int]) -> list[str]:
-    return [llm.tokenizer.decode([i]) for i in ids]
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: the character a byte-level BPE writes for each byte -> the byte."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = list(keep), 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(keep, chars, strict=True)}
+
+
+_BYTE_DECODER = _byte_decoder()
+
+
+def _token_bytes(llm: HFLLM, ids: list[int]) -> list[bytes]:
+    """Each generated token's own bytes: a token may hold part of a multi-byte character, which decoding it
+    alone would turn into U+FFFD. Byte-level BPE pieces map back through the GPT-2 alphabet, SentencePiece
+    byte-fallback pieces (``<0xE2>``) are their byte; special tokens, and pieces of other vocabularies,
+    are their decoded text."""
+    out = []
+    for i, piece in zip(ids, llm.tokenizer.convert_ids_to_tokens(ids), strict=True):
+        if piece is None or i in llm.tokenizer.all_special_ids:
+            out.append(llm.tokenizer.decode([i]).encode())
+        elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            out.append(bytes([int(piece[3:5], 16)]))
+        elif all(c in _BYTE_DECODER for c in piece):
+            out.append(bytes(_BYTE_DECODER[c] for c in piece))
+        else:
+            out.append(llm.tokenizer.decode([i]).encode())
+    return out
+
+
+def _token_text(raw: bytes) -> str:
+    """A token's text for OpenAI's ``tokens`` list: its characters, or ``bytes:\\xNN...`` when it holds part
+    of a character (OpenAI's own form for such tokens)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
+def _text_offsets(pieces: list[bytes]) -> list[int]:
+    """The character offset in the text where each token starts (a token that continues a character points at
+    that character's start)."""
+    out, prefix = [], b""
+    for raw in pieces:
+        out.append(len(prefix.decode("utf-8", errors="ignore")))
+        prefix += raw
+    return out
 
 
 def create_app(llm: HFLLM, model_name: str, api_key: str | None = None, limits: ServerLimits | None = None) -> FastAPI:
@@ -268,8 +316,8 @@ def create_app(llm: HFLLM, model_name: str, api_key: str | None = None, limits: 
         for i, c in enumerate(done):
             choice: dict[str, Any] = {"index": i, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None}
             if c.logprobs is not None:
-                tokens = _token_strings(llm, c.token_ids)
-                offsets = [sum(len(t) for t in tokens[:k]) for k in range(len(tokens))]
+                pieces = _token_bytes(llm, c.token_ids)
+                tokens, offsets = [_token_text(raw) for raw in pieces], _text_offsets(pieces)
                 choice["logprobs"] = {"tokens": tokens, "token_logprobs": c.logprobs, "top_logprobs": None, "text_offset": offsets}
             if req.return_token_ids:
                 choice["token_ids"], choice["prompt_token_ids"] = c.token_ids, c.prompt_ids
@@ -305,8 +353,8 @@ def create_app(llm: HFLLM, model_name: str, api_key: str | None = None, limits: 
             }
             if c.logprobs is not None:
                 content = [
-                    {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                    for t, lp in zip(_token_strings(llm, c.token_ids), c.logprobs, strict=True)
+                    {"token": _token_text(raw), "logprob": lp, "bytes": list(raw), "top_logprobs": []}
+                    for raw, lp in zip(_token_bytes(llm, c.token_ids), c.logprobs, strict=True)
                 ]
                 choice["logprobs"] = {"content": content}
             if req.return_token_ids:
