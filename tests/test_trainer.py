@@ -220,3 +220,45 @@ def test_a_run_whose_every_action_is_invalid_warns(sft_run: Path, tmp_path: Path
         train(config(sft_run, init=str(tmp_path / "untrained"), max_steps=2), tmp_path / "run")
     assert metrics(tmp_path / "run")[0]["invalid_rate"] == 1.0
     assert any("every action was invalid" in r.getMessage() for r in caplog.records)
+
+
+class Crash(Exception):
+    """Stands for a kill: nothing after it runs (the trainer commits nothing on its way out)."""
+
+
+class CrashingShop(CountingShop):
+    """Counts steps like CountingShop and dies at the ``crash_at``-th step counted (0: never)."""
+
+    crash_at = 0
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if CrashingShop.crash_at and CountingShop.steps_taken + 1 >= CrashingShop.crash_at:
+            CrashingShop.crash_at = 0
+            raise Crash
+        return super().step(action)
+
+
+register("crashing-shop", CrashingShop)
+
+
+def test_real_steps_of_a_killed_iteration_are_charged_on_resume(sft_run: Path, tmp_path: Path) -> None:
+    """A kill mid-iteration loses the iteration, not the real interaction it used: the resumed run charges it,
+    so real_transitions counts every env.step a training rollout made, across attempts."""
+    run = tmp_path / "run"
+    cfg = config(sft_run, env="crashing-shop", iterations=2, save_every=1, eval_at_start=False)
+    start = CountingShop.steps_taken
+    train(cfg.model_copy(update={"iterations": 1}), run)  # the checkpoint of iteration 1
+    first = json.loads((run / "summary.json").read_text())
+    CrashingShop.crash_at = CountingShop.steps_taken + 5  # dies 5 steps into iteration 2's rollouts
+    with pytest.raises(Crash):
+        train(cfg, run, resume=True)
+    # charged before each batched step: the whole first batch of iteration 2 (2 tasks x 4 episodes), though
+    # the kill came 4 steps into it -- never fewer steps than were taken
+    assert json.loads((run / "uncharged_real_steps.json").read_text()) == {"after_iteration": 1, "steps": 8}
+    summary = train(cfg, run, resume=True)
+    all_steps = CountingShop.steps_taken - start  # every env.step of the three attempts (training and eval)
+    assert summary["real_transitions"] + summary["eval_transitions"] == all_steps - 4 + 8
+    rollouts = [t for i in (1, 2) for t in read_jsonl(run / "rollouts" / f"iter_{i:05d}.jsonl")]
+    assert summary["real_transitions"] == sum(t.num_steps for t in rollouts) + 8  # + the killed attempt's batch
+    assert first["real_transitions"] < summary["real_transitions"]
+    assert json.loads((run / "uncharged_real_steps.json").read_text())["steps"] == 0  # committed

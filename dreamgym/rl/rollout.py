@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,10 +147,12 @@ def collect_rollouts(
     split: str = "train",
     invalid_action_penalty: float | None = None,
     stats: RolloutStats | None = None,
+    on_env_steps: Callable[[int], None] | None = None,
 ) -> list[Episode]:
     """Play ``group_size`` episodes of every task; returns them task-major (task 0's G episodes first).
 
-    ``invalid_action_penalty`` defaults to the policy's configured one.
+    ``invalid_action_penalty`` defaults to the policy's configured one. ``on_env_steps(n)`` is called before
+    every batched env step with the number of ``env.step`` calls it will make (the trainer journals real ones).
     """
     if group_size < 1 or max_steps < 1:
         raise ValueError(f"group_size and max_steps must be >= 1, got {group_size} and {max_steps}")
@@ -188,7 +190,9 @@ def collect_rollouts(
         stats.generated_tokens += sum(len(s.response_ids) for s in steps)
         stats.prompt_tokens += sum(len(s.prompt_ids) for s in steps)
 
-        # 3. step the envs
+        # 3. step the envs (announced first: a kill inside the batch then counts it all, never less)
+        if on_env_steps is not None:
+            on_env_steps(len(slots))
         t0 = time.perf_counter()
         results = pool.step_batch(slots, [s.action for s in steps])
         stats.env_s += time.perf_counter() - t0

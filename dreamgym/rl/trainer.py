@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 import random
 import shutil
 import time
@@ -352,6 +353,44 @@ class TrainState:
 
 
 CHECKPOINT, CHECKPOINT_TMP, CHECKPOINT_OLD = "checkpoint", "checkpoint.tmp", "checkpoint.old"
+UNCHARGED = "uncharged_real_steps.json"  # real env steps taken since the last checkpoint (see RealStepJournal)
+
+
+class RealStepJournal:
+    """The real env steps of training rollouts taken after the checkpoint of iteration ``after``, on disk
+    before each batched step. A killed attempt loses its uncommitted iterations but not the real interaction
+    they used: the next attempt charges those steps to ``real_transitions``, so ``real_transition_budget``
+    holds across kills. A kill inside a batched step charges the whole batch (at most ``num_envs`` more than
+    were taken, never fewer: a paid budget is not exceeded).
+    Tagging the steps with their checkpoint's iteration makes the save-then-reset pair safe: a kill between
+    the two leaves a journal older than the checkpoint, which is then ignored (its steps are in it)."""
+
+    def __init__(self, run: Path) -> None:
+        self.path = run / UNCHARGED
+        self.after, self.steps = 0, 0
+        if self.path.is_file():
+            try:
+                data = json.loads(self.path.read_text())
+                self.after, self.steps = int(data["after_iteration"]), int(data["steps"])
+            except (ValueError, KeyError, TypeError):
+                log.warning("%s: unreadable, so its steps cannot be charged", self.path)
+
+    def uncharged(self, checkpoint_iteration: int) -> int:
+        """Steps a killed attempt took after the checkpoint now resumed from (0 if the journal is older)."""
+        return self.steps if self.after == checkpoint_iteration else 0
+
+    def add(self, n: int) -> None:
+        self.steps += n
+        self._write()
+
+    def committed(self, iteration: int) -> None:
+        self.after, self.steps = iteration, 0
+        self._write()
+
+    def _write(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"after_iteration": self.after, "steps": self.steps}))
+        os.replace(tmp, self.path)
 TASKS = "tasks.jsonl"  # the task set (the curriculum adds to it), in each checkpoint and beside it
 
 
@@ -495,8 +534,14 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
         critic = Critic.from_policy(model)
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, weight_decay=cfg.weight_decay)
     state = load_checkpoint(ckpt, optimizer, critic, critic_optimizer, rng) if ckpt else TrainState()
+    journal = RealStepJournal(run)
+    lost = journal.uncharged(state.iteration)
+    journal.after, journal.steps = state.iteration, lost  # what a kill of this attempt must charge too
+    state.real_transitions += lost
     if ckpt is not None:
         console.print(f"resumed {run} at iteration {state.iteration} ({state.real_transitions} real transitions)")
+    if lost:
+        console.print(f"charged {lost} real transitions that a killed attempt took after that checkpoint")
 
     # Rollouts run in `pool`: the real env, or the dream (M_exp + replay buffer, the real env only as the action
     # grammar). Evaluation always runs in the real env.
@@ -558,7 +603,8 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
             if isinstance(pool, DreamEnvPool):
                 pool.iteration = it  # tags the synthetic transitions it writes back to the replay buffer
             episodes = collect_rollouts(pool, policy, tasks, cfg.group_size, cfg.max_steps, greedy=False,
-                                        seed=int(rng.integers(MAX_SEED)), split=cfg.train_split, stats=stats)
+                                        seed=int(rng.integers(MAX_SEED)), split=cfg.train_split, stats=stats,
+                                        on_env_steps=journal.add if pool.source == "real" else None)
             rollout_s = time.perf_counter() - t0
             if pool.source == "real":
                 state.real_transitions += count_env_steps(episodes)
@@ -630,10 +676,12 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
                             "action_format (%s) match how it was trained?", it, policy.cfg.action_format)
             if it % cfg.save_every == 0 or it == cfg.iterations:
                 _save(run, policy, optimizer, critic, critic_optimizer, rng, state, taskset, pool)
+                journal.committed(it)
         if not state.evals or state.evals[-1]["iteration"] != state.iteration:  # budget stop: a final evaluation
             if eval_pool is not None:
                 evaluate(policy, eval_pool, cfg, state)
             _save(run, policy, optimizer, critic, critic_optimizer, rng, state, taskset, pool)
+            journal.committed(state.iteration)
     finally:
         writer.close()
         pool.close()
