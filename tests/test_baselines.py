@@ -189,3 +189,13 @@ def test_cli_sft_defaults_to_index_actions_and_takes_the_format(oracle: list[Tra
     r = CliRunner().invoke(app, ["baseline", "sft", "--data", str(tmp_path / "d.jsonl"), "--out",
                                  str(tmp_path / "x"), "--action-format", "numbers"])
     assert r.exit_code != 0 and not (tmp_path / "x").exists()
+
+
+def test_bc_time_budget_covers_preparation(oracle: list[Trajectory], tmp_path: Path) -> None:
+    """Reading the data and building the tokenizer count against --time-budget (issue 17: every budget covers
+    every stage)."""
+    write_trajectories(tmp_path / "d.jsonl", oracle)
+    sft = SFTConfig(epochs=0.2, batch_size=8, num_threads=1, save_steps=100000, time_budget_s=300.0)
+    summary = train_bc([tmp_path / "d.jsonl"], "micro", tmp_path / "run", sft, PolicyConfig(action_format="index"))
+    assert summary["prep_seconds"] > 0
+    assert summary["sft_config"]["time_budget_s"] == pytest.approx(300.0 - summary["prep_seconds"], abs=0.06)

@@ -251,3 +251,31 @@ def test_train_exp_cli_rejects_bad_input_in_one_line(tmp_path: Path, annotated) 
         result = CliRunner().invoke(app, ["train-exp", *args, "--out", str(tmp_path / "m"), "--model", "micro"])
         assert result.exit_code != 0
         assert message in str(result.exception) or message in result.output, (args, result.output, result.exception)
+
+
+def test_the_time_budget_covers_preparation_and_a_killed_build_leaves_no_half_buffer(
+    annotated, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Preparation (buffer, examples, tokenizer) counts against --time-budget; the run's buffer appears only
+    once it is complete, so a kill while it is built leaves none (the next attempt builds it afresh)."""
+    import dreamgym.experience.train as exp_train
+
+    write_jsonl(tmp_path / "train.jsonl", annotated)
+    protocol = ProtocolConfig(k=1, history_window=0, system_prompt="")
+    sft = SFTConfig(epochs=1, batch_size=4, max_length=512, num_threads=1, save_steps=100000, time_budget_s=300.0)
+    real = exp_train.exp_examples
+
+    def killed(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt  # a kill after the buffer is written, before training
+
+    monkeypatch.setattr(exp_train, "exp_examples", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train_experience_model([tmp_path / "train.jsonl"], "micro", tmp_path / "m", protocol, sft, vocab_size=512)
+    assert not (tmp_path / "m" / "buffer").exists()  # only the .partial one, which the next attempt replaces
+    monkeypatch.setattr(exp_train, "exp_examples", real)
+    summary = train_experience_model([tmp_path / "train.jsonl"], "micro", tmp_path / "m", protocol, sft,
+                                     vocab_size=512)
+    assert (tmp_path / "m" / "buffer").is_dir() and not (tmp_path / "m" / "buffer.partial").exists()
+    assert len(ReplayBuffer.open(tmp_path / "m" / "buffer", read_only=True, create=False)) > 0
+    assert summary["prep_seconds"] > 0
+    assert summary["sft"]["time_budget_s"] == pytest.approx(300.0 - summary["prep_seconds"], abs=0.06)

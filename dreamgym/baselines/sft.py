@@ -144,12 +144,16 @@ def train_bc(
     run = Path(out_run_dir)
     if (run / "summary.json").exists():
         raise ValueError(f"{run}: already holds a finished run (summary.json); choose another --out")
+    started = time.monotonic()
     trajs = read_data(data_paths)
     examples = bc_examples(trajs, policy_cfg)
     if not examples:
         raise DataError(f"{', '.join(map(str, data_paths))}: no successful trajectories to clone")
     hf_model, tokenizer = init_model(model, trajs, examples, vocab_size, sft_cfg.seed)
     t0 = time.monotonic()
+    prep_s = t0 - started
+    if sft_cfg.time_budget_s is not None:  # the budget covers reading the data and building the tokenizer too
+        sft_cfg = sft_cfg.model_copy(update={"time_budget_s": max(1.0, sft_cfg.time_budget_s - prep_s)})
     # train_sft writes the final weights + tokenizer into run/model (checkpoints in run/model/checkpoints);
     # save_policy then adds policy.json beside it (re-saving the same, in-place trained weights).
     stats = train_sft(hf_model, tokenizer, examples, run / "model", sft_cfg)
@@ -168,6 +172,7 @@ def train_bc(
         "successful_trajectories": sum(t.success for t in trajs),
         **stats,
         "seconds": round(time.monotonic() - t0, 1),
+        "prep_seconds": round(prep_s, 1),
         "sft_config": sft_cfg.model_dump(),
     }
     (run / "summary.json").write_text(json.dumps(summary, indent=2))

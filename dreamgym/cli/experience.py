@@ -143,7 +143,8 @@ def train_exp(
     epochs: float | None = typer.Option(None, help="SFT epochs"),
     lr: float | None = typer.Option(None, help="learning rate"),
     batch_size: int | None = typer.Option(None, min=1, help="examples per step"),
-    time_budget: float | None = typer.Option(None, help="stop training after this many seconds"),
+    time_budget: float | None = typer.Option(None, help="stop after this many seconds in all (the buffer, "
+                                             "examples and tokenizer included)"),
     max_length: int | None = typer.Option(None, min=16, help="tokens per example (prompt cut from the left)"),
     threads: int | None = typer.Option(None, min=1, help="torch CPU threads"),
     snapshot_every: float | None = typer.Option(None, help="keep a loadable snapshot every this many seconds"),

@@ -284,26 +284,39 @@ def train_experience_model(
     shape = tiny_shape(model)
     t0 = time.monotonic()
     buffer = None
+    buffer_path = Path(buffer_dir) if buffer_dir else out / "buffer"
+    # The run's own buffer is built under another name and renamed when complete, so a kill never leaves a
+    # half-built one behind (the next attempt starts it afresh); a buffer given by --buffer is grown in place.
+    building = protocol_cfg.k > 0 and buffer_dir is None and not buffer_path.exists()
+    partial = buffer_path.with_name(buffer_path.name + ".partial")
     if protocol_cfg.k > 0:
         from dreamgym.replay import ReplayBuffer
         from dreamgym.replay.encoder import make_encoder
 
-        buffer = ReplayBuffer.open(Path(buffer_dir) if buffer_dir else out / "buffer", make_encoder(encoder))
+        if building:
+            shutil.rmtree(partial, ignore_errors=True)
+        buffer = ReplayBuffer.open(partial if building else buffer_path, make_encoder(encoder))
         buffer.add_trajectories(trajs)
     try:
         examples = exp_examples(trajs, protocol_cfg, buffer, chat=chat)
     finally:
         if buffer is not None:
             buffer.close()
+    if building:
+        os.replace(partial, buffer_path)
     transitions = len(examples)
     if mixture:
         examples = mix(examples, step_kinds(trajs), mixture, seed)
     random.Random(seed).shuffle(examples)
-    prep_s = time.monotonic() - t0
     if shape is not None:
         lm, tokenizer = fresh_tiny_model(shape, trajs, examples, vocab_size, seed)
     else:
         lm, tokenizer = load_pretrained(model)
+    # The time budget covers every stage: what the buffer, the examples and the tokenizer took comes off the
+    # training's share (at least a second, so a run always trains a step and saves a model).
+    prep_s = time.monotonic() - t0
+    if sft_cfg.time_budget_s is not None:
+        sft_cfg = sft_cfg.model_copy(update={"time_budget_s": max(1.0, sft_cfg.time_budget_s - prep_s)})
     prompt_tokens = sum(len(encode_prompt(tokenizer, ex.prompt)) for ex in examples)
     target_tokens = sum(len(tokenizer(ex.target, add_special_tokens=False).input_ids) for ex in examples)
     exp_cfg = ExperienceConfig.from_protocol(protocol_cfg, chat=chat,

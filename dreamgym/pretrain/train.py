@@ -168,7 +168,9 @@ def pretrain_base(
     steps = math.ceil(len(corpus) / batch_size)
     cfg = SFTConfig(epochs=1.0, max_steps=steps, learning_rate=learning_rate, batch_size=batch_size,
                     max_length=max_length, warmup_ratio=min(1.0, warmup_steps / steps), logging_steps=50,
-                    save_steps=200, seed=seed, num_threads=num_threads, time_budget_s=time_cap_s)
+                    save_steps=200, seed=seed, num_threads=num_threads,
+                    # the cap covers the tokenizer and the corpus too
+                    time_budget_s=None if time_cap_s is None else max(1.0, time_cap_s - prep_s))
     log.info("pre-training %s (%.2fM params) on %d examples, %d tokens, %d steps",
              shape, sum(p.numel() for p in model.parameters()) / 1e6, len(corpus), corpus_tokens, steps)
     stats = train_sft(model, tokenizer, corpus, out, cfg)
