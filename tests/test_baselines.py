@@ -197,5 +197,5 @@ def test_bc_time_budget_covers_preparation(oracle: list[Trajectory], tmp_path: P
     write_trajectories(tmp_path / "d.jsonl", oracle)
     sft = SFTConfig(epochs=0.2, batch_size=8, num_threads=1, save_steps=100000, time_budget_s=300.0)
     summary = train_bc([tmp_path / "d.jsonl"], "micro", tmp_path / "run", sft, PolicyConfig(action_format="index"))
-    assert summary["prep_seconds"] > 0
+    assert summary["sft_config"]["time_budget_s"] < 300.0  # the preparation's time came off it
     assert summary["sft_config"]["time_budget_s"] == pytest.approx(300.0 - summary["prep_seconds"], abs=0.06)
