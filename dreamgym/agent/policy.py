@@ -14,8 +14,8 @@ behaviour cloning for a step is ``<action>click[b0abc]</action>``. Generation st
 
 ``action_format="index"`` (the tiny CPU default) numbers the options and lets the agent answer with a number,
 ``<action>3</action>``, or with a free-text action where the env allows one (a search query): a from-scratch
-3M-parameter model does not learn to copy item ids within a CPU budget (FACTS.md; our own measurement: 0% test
-success with text actions), while choosing among numbered options is classification. With
+3M-parameter model does not learn to copy item ids within a CPU budget (the README's behaviour-cloning table: 0%
+test success with text actions), while choosing among numbered options is classification. With
 ``offer_task_search`` the options also include ``search[<the task instruction>]`` wherever the env offers a
 search (it is then always option 1): an agent-side affordance, nothing the env is told. What the env receives
 is always the full action text.

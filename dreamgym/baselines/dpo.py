@@ -190,7 +190,7 @@ def train_dpo(
         save_strategy="epoch",
         save_total_limit=1,
         seed=cfg.seed,
-        bf16=False,  # TRL defaults to bf16, ~8x slower on CPUs without bf16 units (FACTS.md)
+        bf16=False,  # TRL defaults to bf16, ~8x slower on CPUs without bf16 units
         activation_checkpointing=False,  # TRL turns it on by default; it only costs time for small models
         use_cpu=not torch.cuda.is_available(),
         report_to=["tensorboard"],

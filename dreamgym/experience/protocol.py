@@ -234,7 +234,7 @@ def action_target(state: str, action: str) -> str | None:
     the value after ``=``. Showing that line next to the action (``TARGET:``) is part of the abstract state: it
     puts what the next state must copy right before the output, in its original case, so a small model copies
     from a fixed nearby place instead of searching the page by a lower-cased key (which a from-scratch model
-    learns slowly; ``shared/FACTS.md``). Env-agnostic: an action without brackets, or naming no element, has none.
+    learns slowly: the README's experience-model ablations). Env-agnostic: an action without brackets, or naming no element, has none.
     """
     match = _ACTION_ARG.match(action)
     if match is None:

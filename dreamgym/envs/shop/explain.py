@@ -1,8 +1,8 @@
 """The shop's rule-based annotator: a reasoning trace for each real transition, from the env's ground truth.
 
 The trace is what the experience model writes *before* the next state, so it is built to make that state and
-its reward easy to predict for a small model, which learns to copy and compare slowly (see
-``shared/FACTS.md``): one line per step, fixed order, short local steps, each a copy of a value shown in the
+its reward easy to predict for a small model, which learns to copy and compare slowly (the README's
+experience-model ablations): one line per step, fixed order, short local steps, each a copy of a value shown in the
 task or the current state (an element id, a product id, a title, a price, an option line) or one comparison,
 ending with ``-> <where the action leads>``::
 
