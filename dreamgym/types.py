@@ -85,7 +85,8 @@ def _check_version(version: Any, where: str) -> None:
         raise DataError(f"{where}: unsupported schema_version {version!r} (this dreamgym reads 1..{SCHEMA_VERSION})")
 
 
-def _first_error(err: ValidationError) -> str:
+def first_error(err: ValidationError) -> str:
+    """``loc: message (+N more)`` of a pydantic error: the field at fault and why, in one line."""
     e = err.errors()[0]
     loc = ".".join(str(p) for p in e["loc"]) or "<record>"
     more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
@@ -104,7 +105,7 @@ def parse_trajectory(line: str, where: str) -> Trajectory:
     try:
         return Trajectory.model_validate(obj)
     except ValidationError as e:
-        raise DataError(f"{where}: {_first_error(e)}") from None
+        raise DataError(f"{where}: {first_error(e)}") from None
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> Iterator[Trajectory]:
@@ -299,7 +300,7 @@ def read_parquet(path: str | os.PathLike[str]) -> Iterator[Trajectory]:
         except (KeyError, TypeError, json.JSONDecodeError) as e:
             raise DataError(f"{where}: malformed row ({type(e).__name__}: {e})") from None
         except ValidationError as e:
-            raise DataError(f"{where}: {_first_error(e)}") from None
+            raise DataError(f"{where}: {first_error(e)}") from None
 
 
 def read_trajectories(path: str | os.PathLike[str]) -> Iterator[Trajectory]:

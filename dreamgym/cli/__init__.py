@@ -38,11 +38,10 @@ def describe(e: BaseException) -> str:
     from pydantic import ValidationError
     from yaml import YAMLError
 
+    from dreamgym.types import first_error
+
     if isinstance(e, ValidationError):  # "RLConfig: iterations: Input should be a valid integer"
-        first = e.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"]) or "<config>"
-        more = f" (+{e.error_count() - 1} more)" if e.error_count() > 1 else ""
-        return f"{e.title}: {loc}: {first['msg']}{more}"
+        return f"{e.title}: {first_error(e)}"
     if isinstance(e, UnicodeDecodeError):
         return f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})"
     if isinstance(e, YAMLError):  # a --set value (files go through dreamgym.types.read_yaml_mapping)

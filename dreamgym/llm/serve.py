@@ -152,14 +152,9 @@ def _prompt_ids(llm: HFLLM, prompt: str | list[str] | list[int] | list[list[int]
 
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet, inverted: the character a byte-level BPE writes for each byte -> the byte."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = list(keep), 0
-    for b in range(256):
-        if b not in keep:
-            keep.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(keep, chars, strict=True)}
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {c: b for b, c in bytes_to_unicode().items()}
 
 
 _BYTE_DECODER = _byte_decoder()
