@@ -152,8 +152,7 @@ def train_bc(
     hf_model, tokenizer = init_model(model, trajs, examples, vocab_size, sft_cfg.seed)
     t0 = time.monotonic()
     prep_s = t0 - started
-    if sft_cfg.time_budget_s is not None:  # the budget covers reading the data and building the tokenizer too
-        sft_cfg = sft_cfg.model_copy(update={"time_budget_s": max(1.0, sft_cfg.time_budget_s - prep_s)})
+    sft_cfg = sft_cfg.after(prep_s)  # the budget covers reading the data and building the tokenizer too
     # train_sft writes the final weights + tokenizer into run/model (checkpoints in run/model/checkpoints);
     # save_policy then adds policy.json beside it (re-saving the same, in-place trained weights).
     stats = train_sft(hf_model, tokenizer, examples, run / "model", sft_cfg)

@@ -315,8 +315,7 @@ def train_experience_model(
     # The time budget covers every stage: what the buffer, the examples and the tokenizer took comes off the
     # training's share (at least a second, so a run always trains a step and saves a model).
     prep_s = time.monotonic() - t0
-    if sft_cfg.time_budget_s is not None:
-        sft_cfg = sft_cfg.model_copy(update={"time_budget_s": max(1.0, sft_cfg.time_budget_s - prep_s)})
+    sft_cfg = sft_cfg.after(prep_s)
     prompt_tokens = sum(len(encode_prompt(tokenizer, ex.prompt)) for ex in examples)
     target_tokens = sum(len(tokenizer(ex.target, add_special_tokens=False).input_ids) for ex in examples)
     exp_cfg = ExperienceConfig.from_protocol(protocol_cfg, chat=chat,

@@ -81,8 +81,8 @@ PROBE_PER_SKILL = 16
 
 def copy_probe(model: Any, tokenizer: Any, per_skill: int = PROBE_PER_SKILL) -> dict[str, float]:
     """Teacher-forced accuracy of the target tokens, per corpus skill, on held-out examples of *fresh* sites
-    (words never seen in training), so memorising a pool cannot pass it. The shipped base, whose greedy output
-    copies no id or word, scores 0.45-0.65 on the copy skills (tags, ``[n]`` and element kinds are predictable
+    (words never seen in training), so memorising a pool cannot pass it. The shipped base, which predicts no copied
+    id or word even teacher-forced, scores 0.45-0.65 on the copy skills (tags, ``[n]`` and element kinds are predictable
     without copying); an oracle scores 1.0, and a model that copies should approach it on ``invalid`` (copy the
     state unchanged) and ``open`` (copy the named element into the next page)."""
     import random
@@ -145,8 +145,8 @@ def pretrain_base(
         raise ValueError(f"--preset {shape!r}: not a tiny shape (micro|small|base|<hidden>x<layers>)")
     if tokens < 10_000:
         raise ValueError(f"--tokens {tokens}: too few to train on (at least 10000)")
-    init_manifest = read_manifest(resolve_model(str(init))) if init is not None else None
     init_dir = resolve_model(str(init)) if init is not None else None
+    init_manifest = read_manifest(init_dir) if init_dir is not None else None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -169,8 +169,7 @@ def pretrain_base(
     cfg = SFTConfig(epochs=1.0, max_steps=steps, learning_rate=learning_rate, batch_size=batch_size,
                     max_length=max_length, warmup_ratio=min(1.0, warmup_steps / steps), logging_steps=50,
                     save_steps=200, seed=seed, num_threads=num_threads,
-                    # the cap covers the tokenizer and the corpus too
-                    time_budget_s=None if time_cap_s is None else max(1.0, time_cap_s - prep_s))
+                    time_budget_s=time_cap_s).after(prep_s)  # the cap covers the tokenizer and corpus too
     log.info("pre-training %s (%.2fM params) on %d examples, %d tokens, %d steps",
              shape, sum(p.numel() for p in model.parameters()) / 1e6, len(corpus), corpus_tokens, steps)
     stats = train_sft(model, tokenizer, corpus, out, cfg)

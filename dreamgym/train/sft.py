@@ -59,6 +59,13 @@ class SFTConfig(BaseModel):
     lora_target_modules: list[str] | str = "all-linear"
     bf16: bool = False
 
+    def after(self, spent_s: float) -> SFTConfig:
+        """This config with ``spent_s`` seconds of preparation taken off its time budget (at least 1 s left,
+        so a run always trains a step and saves a model): every budget covers every stage."""
+        if self.time_budget_s is None:
+            return self
+        return self.model_copy(update={"time_budget_s": max(1.0, self.time_budget_s - spent_s)})
+
 
 def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
     """Token ids of ``prompt`` exactly as the hf backend encodes it for generation."""
