@@ -137,7 +137,7 @@ def run_policy(args: argparse.Namespace, init: str, seed: int, results: dict[str
     from dreamgym.baselines.sft import train_bc
     from dreamgym.eval import evaluate_policy
     from dreamgym.rl.envpool import env_factory
-    from dreamgym.train.sft import SFTConfig
+    from dreamgym.sft import SFTConfig
 
     init, model_path = split_init(init)
     key = f"{init}/{args.budget}/{seed}"

@@ -36,7 +36,7 @@ from dreamgym.cli.train import parse_overrides
 from dreamgym.collect import iter_episodes
 from dreamgym.envs import make
 from dreamgym.rl.trainer import RLConfig, train
-from dreamgym.train.sft import SFTConfig
+from dreamgym.sft import SFTConfig
 from dreamgym.types import write_trajectories
 
 RESULTS = Path(__file__).parent / "results" / "shop_rl.json"

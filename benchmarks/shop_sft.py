@@ -29,7 +29,7 @@ from dreamgym.collect import evaluate, iter_episodes
 from dreamgym.envs import make
 from dreamgym.eval import evaluate_policy
 from dreamgym.rl.envpool import env_factory
-from dreamgym.train.sft import SFTConfig
+from dreamgym.sft import SFTConfig
 from dreamgym.types import write_trajectories
 
 RESULTS = Path(__file__).parent / "results" / "shop_sft.json"

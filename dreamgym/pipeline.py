@@ -16,7 +16,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -25,25 +25,29 @@ from rich.table import Table
 
 from dreamgym.types import read_yaml_mapping
 
+if TYPE_CHECKING:
+    from dreamgym.envs import ScriptedPolicy, TextEnv
+
 console = Console(stderr=True)
 
-# What an env needs when the config does not say: its constructor arguments, the policy's prompt options
-# (search[<instruction>] is a shop action) and the dream's task generator (rule variations exist for the shop
-# only, see dreamgym.curriculum.generator.RULE_OPERATORS; "none" elsewhere).
-SHOP_DEFAULTS: dict[str, Any] = {
-    "env_kwargs": {"num_products": 1000},
-    "policy": {"action_format": "index", "offer_task_search": True},
-    "dream": {"task_generator": "rule", "synthetic_share": 0.25},
-    # spend M_exp's budget on the pages a small model can learn to copy and check (item pages, purchases)
-    # rather than on results pages, which only memorising the catalog would predict (configs/exp-shop-tiny.yaml)
-    "exp_mixture": {"results": 0.15, "search": 0.3, "item": 1.0, "done": 2.0, "description": 0.5, "features": 0.5},
-}
-OTHER_ENV_DEFAULTS: dict[str, Any] = {
+# What an env needs when the config does not say; its EnvSpec's demo_defaults override these (the shop's give
+# its catalog size, the search[<instruction>] prompt option, rule task variations and an exp_mixture).
+ENV_DEFAULTS: dict[str, Any] = {
     "env_kwargs": {},
     "policy": {"action_format": "index", "offer_task_search": False},
     "dream": {"task_generator": "none", "synthetic_share": 0.0},
     "exp_mixture": None,
 }
+
+
+def env_defaults(env: str) -> dict[str, Any]:
+    """:data:`ENV_DEFAULTS` with ``env``'s :attr:`EnvSpec.demo_defaults` over them."""
+    from dreamgym.envs import find_spec
+
+    env_spec = find_spec(env)
+    return {**ENV_DEFAULTS, **(dict(env_spec.demo_defaults) if env_spec is not None else {})}
+
+
 # The fidelity figures kept in table.json and printed under the table (all of them: RUN/fidelity.json).
 # Each accuracy is followed by its trivial baseline (always the most common real value); rewards within 0.1.
 FIDELITY_KEYS = ("transitions", "reward_accuracy", "reward_majority_baseline", "terminal_reward_accuracy",
@@ -55,8 +59,8 @@ FIDELITY_KEYS = ("transitions", "reward_accuracy", "reward_majority_baseline", "
 
 class DemoConfig(BaseModel):
     """All the demo's knobs; ``PROFILES`` holds the presets (``--profile``), ``--config``/``--set`` override fields.
-    ``env_kwargs``, ``policy`` and ``dream`` default per env (:data:`SHOP_DEFAULTS`, :data:`OTHER_ENV_DEFAULTS`);
-    dict fields are replaced whole, not merged."""
+    ``env_kwargs``, ``policy``, ``dream`` and ``exp_mixture`` default per env (:func:`env_defaults`); dict fields
+    are replaced whole, not merged."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -64,6 +68,16 @@ class DemoConfig(BaseModel):
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
     seed: int = 0
     offline_episodes: int = 3000
+    offline_file: Path | None = Field(default=None, description="your own offline trajectories (JSONL/Parquet) "
+                                      "instead of collecting offline_episodes")
+    collect_policy: str | None = Field(default=None, description="the scripted policy that collects the offline "
+                                       "and held-out data (None: 'noisy' where the env has one, else 'random')")
+    annotator: Literal["rule", "diff", "llm"] | None = Field(
+        default=None, description="who writes the reasoning traces: rule (the env's explainer), diff (any env: "
+        "what each action changed), llm (a teacher, annotator_llm); None: rule where the env has an explainer, "
+        "else diff")
+    annotator_llm: dict[str, Any] | None = Field(default=None, description="the teacher's LLMConfig fields "
+                                                 "(annotator llm)")
     noise: float = 0.3
     eval_episodes: int = 200
     max_steps: int = Field(default=15, ge=1, description="SFT evaluation episode length (RL: rl.max_steps)")
@@ -85,7 +99,7 @@ class DemoConfig(BaseModel):
                                                              "max_length": 768, "time_budget_s": 900,
                                                              "num_threads": 2})
     exp_mixture: dict[str, float] | None = Field(default=None, description="examples per transition by the page "
-                                                 "type of its next state (None = each once; shop: SHOP_DEFAULTS)")
+                                                 "type of its next state (None = each once; the shop's EnvSpec gives one)")
     # policy: the same pre-trained base ("micro" is the former from-scratch default)
     policy_model: str = "pretrained"
     policy: dict[str, Any] = Field(default_factory=dict, description="PolicyConfig fields")
@@ -104,7 +118,7 @@ class DemoConfig(BaseModel):
     @classmethod
     def _env_defaults(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            defaults = SHOP_DEFAULTS if data.get("env", "shop") == "shop" else OTHER_ENV_DEFAULTS
+            defaults = env_defaults(str(data.get("env", "shop")))
             data = {**{k: v for k, v in defaults.items() if k not in data}, **data}
         return data
 
@@ -117,7 +131,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "policy_model": "micro", "sft": {"epochs": 2, "learning_rate": 3e-3, "batch_size": 16, "num_threads": 2},
         "rl": {"iterations": 2, "tasks_per_iter": 2, "group_size": 2, "eval_every": 0, "num_threads": 2,
                "max_steps": 6, "minibatch_size": 32},
-        "dream": {"task_generator": "rule", "synthetic_share": 0.5, "max_new_tokens": 48},
+        "dream": {"synthetic_share": 0.5, "max_new_tokens": 48},  # merged over the env's (the shop's: rule tasks)
         "dream_iterations": 2,
         # GRPO-real uses only ~40 real transitions here: 10% of that is less than one S2R group (2 x 6 steps),
         # and the S2R budget is strict (never exceeded), so the micro S2R may use as many as GRPO did
@@ -127,16 +141,22 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 
 def demo_config(profile: str, overrides: dict[str, Any] | None = None, config: Path | None = None) -> DemoConfig:
-    """The profile's fields, then the YAML ``config`` file's, then ``overrides`` (each replaces whole fields)."""
+    """The profile's fields, then the YAML ``config`` file's, then ``overrides``, each replacing whole fields; only
+    a profile's ``dream`` and ``policy`` sizes are merged over the env's defaults (:func:`env_defaults`)."""
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
     from_file: dict[str, Any] = {}
     if config is not None:
         from_file = read_yaml_mapping(config, "demo config")
     given = {**from_file, **(overrides or {})}
-    profile_fields = PROFILES[profile]
-    if given.get("env", "shop") != "shop":  # the profile's shop fields give way to the other env's defaults
-        profile_fields = {k: v for k, v in profile_fields.items() if k not in SHOP_DEFAULTS}
+    env = str(given.get("env", "shop"))
+    defaults = env_defaults(env)
+    profile_fields = dict(PROFILES[profile])
+    if env != "shop":  # a profile's env_kwargs are the shop's (its catalog size)
+        profile_fields.pop("env_kwargs", None)
+    for key in ("dream", "policy"):  # a profile's sizes go over the env's defaults of these fields
+        if key in profile_fields:
+            profile_fields[key] = {**defaults[key], **profile_fields[key]}
     fields = {**profile_fields, **given}
     return DemoConfig.model_validate(fields)
 
@@ -157,31 +177,82 @@ def _stage(name: str, marker: Path, run: Callable[[], Any]) -> Any:
 
 def collect_episodes(cfg: DemoConfig, path: Path, episodes: int, split: str, seed: int,
                      noise: float | None = None) -> dict[str, Any]:
-    """Append noisy-oracle episodes of ``split`` to ``path`` until it holds ``episodes`` (``noise``: default
-    ``cfg.noise``); summarise the file."""
+    """Append episodes of ``split`` by :func:`collect_policy` to ``path`` until it holds ``episodes`` (``noise``:
+    default ``cfg.noise``); summarise the file."""
     from dreamgym.collect import iter_episodes
     from dreamgym.envs import make
     from dreamgym.types import JsonlWriter, read_jsonl
 
     have = sum(1 for _ in read_jsonl(path)) if path.exists() else 0
-    env = make(cfg.env, **cfg.env_kwargs)
+    if have < episodes:
+        env = make(cfg.env, **cfg.env_kwargs)
+        try:
+            policy = collect_policy(cfg, env, seed, cfg.noise if noise is None else noise)
+            with JsonlWriter(path) as w:
+                for traj in iter_episodes(env, policy, episodes, split, seed, skip=have):
+                    w.write(traj)
+        finally:
+            env.close()
+    return summarize_file(path)
+
+
+def collect_policy(cfg: DemoConfig, env: TextEnv, seed: int, noise: float) -> ScriptedPolicy:
+    """``cfg.collect_policy``, else the env's ``noisy`` oracle (``noise`` random steps), else ``random``."""
+    if cfg.collect_policy is not None:
+        kwargs = {"noise": noise} if cfg.collect_policy == "noisy" else {}
+        return env.scripted_policy(cfg.collect_policy, seed=seed, **kwargs)
     try:
-        policy = env.scripted_policy("noisy", seed=seed, noise=cfg.noise if noise is None else noise)
-        with JsonlWriter(path) as w:
-            for traj in iter_episodes(env, policy, episodes, split, seed, skip=have):
-                w.write(traj)
-    finally:
-        env.close()
-    trajs = list(read_jsonl(path))
+        return env.scripted_policy("noisy", seed=seed, noise=noise)
+    except ValueError:
+        console.print(f"[yellow]{cfg.env} has no noisy oracle: collecting with the random policy[/yellow]")
+        return env.scripted_policy("random", seed=seed)
+
+
+def summarize_file(path: Path) -> dict[str, Any]:
+    """Trajectories, transitions and success rate of a trajectory file (a one-line error when it is empty)."""
+    from dreamgym.types import read_trajectories
+
+    trajs = list(read_trajectories(path))
+    if not trajs:
+        raise ValueError(f"{path}: no trajectories")
+    policies = sorted({t.policy or "unknown" for t in trajs})
     return {"trajectories": len(trajs), "transitions": sum(t.num_steps for t in trajs),
-            "success_rate": sum(t.success for t in trajs) / len(trajs)}
+            "success_rate": sum(t.success for t in trajs) / len(trajs), "policies": policies}
 
 
-def annotate(source: Path, target: Path) -> dict[str, Any]:
-    from dreamgym.experience.annotate import RuleAnnotator, annotate_file
+def annotator_name(cfg: DemoConfig) -> str:
+    """``cfg.annotator``, else ``rule`` where the env has an explainer, else ``diff``."""
+    from dreamgym.envs import find_spec
 
-    progress = annotate_file([source], RuleAnnotator(), target)
-    return {"written": progress.written, "skipped": progress.skipped, **progress.stats.as_dict()}
+    if cfg.annotator is not None:
+        return cfg.annotator
+    env_spec = find_spec(cfg.env)
+    return "rule" if env_spec is not None and env_spec.explainer is not None else "diff"
+
+
+def annotate(cfg: DemoConfig, source: Path, target: Path) -> dict[str, Any]:
+    from dreamgym.experience.annotate import (
+        Annotator,
+        DiffAnnotator,
+        LLMAnnotator,
+        RuleAnnotator,
+        annotate_file,
+    )
+
+    name = annotator_name(cfg)
+    worker: Annotator
+    if name == "llm":
+        if not cfg.annotator_llm:
+            raise ValueError("annotator llm needs annotator_llm: the teacher's LLMConfig fields (model, backend, ...)")
+        from dreamgym.llm.base import LLMConfig
+        from dreamgym.llm.load import load_llm
+
+        llm_cfg = LLMConfig.model_validate(cfg.annotator_llm)
+        worker = LLMAnnotator(load_llm(llm_cfg), name=f"llm:{llm_cfg.model}")
+    else:
+        worker = RuleAnnotator() if name == "rule" else DiffAnnotator()
+    progress = annotate_file([source], worker, target)
+    return {"annotator": name, "written": progress.written, "skipped": progress.skipped, **progress.stats.as_dict()}
 
 
 def fidelity(cfg: DemoConfig, out: Path, exp_dir: Path) -> dict[str, Any]:
@@ -194,7 +265,7 @@ def fidelity(cfg: DemoConfig, out: Path, exp_dir: Path) -> dict[str, Any]:
 
     heldout, annotated = out / "heldout.jsonl", out / "heldout_annotated.jsonl"
     data = collect_episodes(cfg, heldout, cfg.heldout_episodes, "test", cfg.seed + 1, noise=cfg.heldout_noise)
-    annotate(heldout, annotated)  # resumable: trajectories already annotated are skipped
+    annotate(cfg, heldout, annotated)  # resumable: trajectories already annotated are skipped
     buffer = None
     if (out / "buffer").is_dir():
         from dreamgym.replay import ReplayBuffer
@@ -217,7 +288,7 @@ def run_demo(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
     from dreamgym.plots import plot_success_vs_real, plot_task_variance
     from dreamgym.rl.envpool import env_factory
     from dreamgym.rl.trainer import RLConfig, train
-    from dreamgym.train.sft import SFTConfig
+    from dreamgym.sft import SFTConfig
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo_config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
@@ -226,10 +297,15 @@ def run_demo(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
     total = 8 if cfg.heldout_episodes else 7
     numbered = iter(f"{i}/{total}" for i in range(1, total + 1))
 
-    data = _stage(f"{next(numbered)} collect offline data (noisy oracle)", out / "stages/collect.json",
-                  lambda: collect_episodes(cfg, offline, cfg.offline_episodes, "train", cfg.seed))
-    _stage(f"{next(numbered)} annotate reasoning (rule-based)", out / "stages/annotate.json",
-           lambda: annotate(offline, annotated))
+    if cfg.offline_file is not None:
+        offline = cfg.offline_file
+        data = _stage(f"{next(numbered)} offline data: {offline}", out / "stages/collect.json",
+                      lambda: summarize_file(offline))
+    else:
+        data = _stage(f"{next(numbered)} collect offline data", out / "stages/collect.json",
+                      lambda: collect_episodes(cfg, offline, cfg.offline_episodes, "train", cfg.seed))
+    _stage(f"{next(numbered)} annotate reasoning ({annotator_name(cfg)})", out / "stages/annotate.json",
+           lambda: annotate(cfg, offline, annotated))
     _stage(f"{next(numbered)} train the experience model", out / "stages/train_exp.json", lambda: train_experience_model(
         [annotated], cfg.exp_model, exp_dir, ProtocolConfig(**cfg.exp_protocol), SFTConfig(**cfg.exp_sft),
         buffer_dir=out / "buffer", mixture=cfg.exp_mixture, seed=cfg.seed))
@@ -292,7 +368,7 @@ def print_table(table: list[dict[str, Any]], data: dict[str, Any], cfg: DemoConf
                 wm2real: dict[str, Any] | None = None) -> None:
     size = ", ".join(f"{k}={v}" for k, v in cfg.env_kwargs.items())
     t = Table(title=f"DreamGym on {cfg.env} ({size}; offline data: {data['trajectories']} "
-                    f"noisy-oracle trajectories, {data['transitions']} transitions)")
+                    f"{'/'.join(data.get('policies') or ['?'])} trajectories, {data['transitions']} transitions)")
     for col in ("method", "real transitions (RL)", "success", "mean reward", "seconds"):
         t.add_column(col, justify="left" if col == "method" else "right")
     for r in table:

@@ -1,4 +1,5 @@
-"""The data model: tasks, transitions and trajectories, and their on-disk forms.
+"""The data model: tasks, transitions and trajectories, and their on-disk forms; and the plain records that
+envs and the experience model share (:class:`Explanation`, :class:`ExperiencePrediction`).
 
 A trajectory is stored as one JSON object per line (JSONL) or one row per trajectory in Parquet. Both carry
 ``SCHEMA_VERSION``; a reader refuses a newer version with a clear error instead of guessing.
@@ -11,7 +12,9 @@ import json
 import logging
 import os
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -316,3 +319,28 @@ def write_trajectories(path: str | os.PathLike[str], trajs: Iterable[Trajectory]
     if p.suffix == ".parquet":
         return write_parquet(p, trajs)
     return write_jsonl(p, trajs)
+
+
+# ------------------------------------------------------------------ plain records other packages share
+
+
+@dataclass
+class Explanation:
+    """What an env's rule-based explainer returns for one trajectory: one trace per transition, a task
+    tutorial, and counted problems (e.g. ``reward_mismatch``) that the annotator adds to its stats."""
+
+    reasoning: list[str]
+    task_tutorial: dict[str, str] | None = None
+    issues: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(frozen=True)
+class ExperiencePrediction:
+    """M_exp's answer for one step. ``failure`` names the parse failure when this is the fallback."""
+
+    reasoning: str | None
+    next_state: str
+    reward: float
+    done: bool
+    success: bool
+    failure: str | None = None

@@ -25,7 +25,7 @@ from dreamgym.envs import make
 from dreamgym.envs.base import TextEnv
 from dreamgym.eval import run_eval_episodes
 from dreamgym.rl.envpool import env_factory
-from dreamgym.train.sft import SFTConfig, encode_prompt
+from dreamgym.sft import SFTConfig, encode_prompt
 from dreamgym.types import Task, Trajectory, Transition, write_trajectories
 
 torch.set_num_threads(1)

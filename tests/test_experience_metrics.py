@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 
 from dreamgym.envs import make
-from dreamgym.envs.base import RandomPolicy
+from dreamgym.envs.base import RandomPolicy, page_type_of
+from dreamgym.envs.shop.pages import page_type
 from dreamgym.experience.metrics import (
     FidelityRecord,
     element_set_match,
@@ -17,7 +18,6 @@ from dreamgym.experience.metrics import (
     finite_horizon_bound,
     lemma1_bound,
     next_state_exact,
-    page_type,
     state_token_f1,
 )
 from dreamgym.experience.protocol import ExperiencePrediction, failure_prediction
@@ -70,6 +70,13 @@ def test_element_set_and_exact_match() -> None:
 )
 def test_page_type_rules(state: str, kind: str) -> None:
     assert page_type(state) == kind
+
+
+def test_page_types_come_from_the_env_spec() -> None:
+    assert page_type_of("shop") is page_type  # the shop's EnvSpec.page_type
+    assert page_type_of("textworld")("[c1] command: look") == "state"  # an env without one: one kind
+    assert fidelity_report([FidelityRecord(gold("[1] link: B0X"), pred("[1] link: B0X"))]).transitions_by_page == {
+        "state": 1}
 
 
 def test_page_type_agrees_with_the_shop_env() -> None:
@@ -130,7 +137,7 @@ def test_fidelity_report_hand_case() -> None:
             gold(done.format(0.5), 0.5, True), pred(done.format(1), 1.0, True, True)
         ),  # reward off 0.5
     ]
-    report = fidelity_report(records, gamma=0.9, horizon=3)
+    report = fidelity_report(records, gamma=0.9, horizon=3, page_type=page_type)
     assert report.transitions == 7 and report.terminal_transitions == 4
     # The invalid output is wrong everywhere, although its fallback (reward 0, not done) matches the real step.
     assert report.reward_accuracy == pytest.approx(5 / 7)
@@ -217,7 +224,7 @@ def test_an_all_unparsable_model_scores_zero_not_the_failure_states_score() -> N
     bought = Transition(state="[1] button: Buy Now", action="click[buy now]", next_state="[1] text: Thank you",
                         reward=0.0, done=True)
     records = [FidelityRecord(x, failure_prediction(x.state, "no_next_state")) for x in [*invalid, bought]]
-    report = fidelity_report(records)
+    report = fidelity_report(records, page_type=page_type)
     assert report.invalid_output_rate == 1.0
     for name in ("reward_accuracy", "terminal_reward_accuracy", "terminal_reward_exact_accuracy", "done_accuracy",
                  "next_state_exact", "next_state_set_match", "next_state_f1"):

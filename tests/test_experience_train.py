@@ -26,7 +26,7 @@ from dreamgym.experience.train import (
 )
 from dreamgym.llm.tiny import tiny_shape
 from dreamgym.replay import HashingEncoder, ReplayBuffer
-from dreamgym.train.sft import IGNORE_INDEX, SFTConfig, SFTExample, encode_prompt, tokenize_example
+from dreamgym.sft import IGNORE_INDEX, SFTConfig, SFTExample, encode_prompt, tokenize_example
 from dreamgym.types import DataError, Task, Trajectory, Transition, write_jsonl
 
 COMPACT = ProtocolConfig(k=0, history_window=0, system_prompt="")

@@ -1,4 +1,4 @@
-"""Rule explainers of TextWorld and ScienceWorld (dreamgym.experience.explain_diff): one compact trace per real
+"""Rule explainers of TextWorld and ScienceWorld (dreamgym.envs.explain_diff): one compact trace per real
 transition, with the state diff from the record and the score from a replay; a record the replay cannot
 reproduce is counted, never explained with a wrong score."""
 
@@ -13,8 +13,8 @@ import pytest
 from dreamgym.collect import run_episode
 from dreamgym.envs import make
 from dreamgym.envs.base import ScriptedPolicy, TextEnv
+from dreamgym.envs.explain_diff import ParsedState, element_diff, state_diff
 from dreamgym.experience.annotate import REASONING_KEY, RuleAnnotator
-from dreamgym.experience.explain_diff import ParsedState, element_diff, state_diff
 from dreamgym.types import Task, Trajectory
 
 needs_textworld = pytest.mark.skipif(importlib.util.find_spec("textworld") is None,

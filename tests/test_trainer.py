@@ -20,7 +20,7 @@ from dreamgym.collect import iter_episodes
 from dreamgym.envs import make, register
 from dreamgym.envs.shop import ShopEnv
 from dreamgym.rl.trainer import RLConfig, tasks_within_budget, train
-from dreamgym.train.sft import MaskedCollator, tokenize_example
+from dreamgym.sft import MaskedCollator, tokenize_example
 from dreamgym.types import read_jsonl
 
 torch.set_num_threads(1)

@@ -22,7 +22,7 @@ from dreamgym.experience.model import ExperienceConfig, save_experience_config
 from dreamgym.llm.tiny import init_tiny_model
 from dreamgym.replay import ReplayBuffer
 from dreamgym.rl.trainer import RLConfig, train
-from dreamgym.train.sft import MaskedCollator, tokenize_example
+from dreamgym.sft import MaskedCollator, tokenize_example
 from dreamgym.types import read_jsonl, write_jsonl
 
 torch.set_num_threads(1)

@@ -37,7 +37,7 @@ from dreamgym.agent.policy import PolicyConfig, action_target, build_agent_promp
 from dreamgym.baselines.sft import agent_observations, read_data
 from dreamgym.llm.base import ChatMessages
 from dreamgym.rl.losses import token_logprobs
-from dreamgym.train.sft import MaskedCollator, SFTExample, tokenize_example
+from dreamgym.sft import MaskedCollator, SFTExample, tokenize_example
 from dreamgym.types import DataError, Trajectory
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Behaviour cloning (BC): the SFT baseline, and the warm start of every RL run on tiny models.
 
-Each step of a (successful) offline trajectory becomes one :class:`~dreamgym.train.sft.SFTExample`: the prompt
+Each step of a (successful) offline trajectory becomes one :class:`~dreamgym.sft.SFTExample`: the prompt
 is the agent prompt the policy would have seen at that step (instruction, state, admissible actions, previous
 actions), built by :func:`~dreamgym.agent.policy.build_agent_prompt` exactly as ``LLMPolicy.act`` builds it,
 and the target is ``<action>…</action>``. Training is the shared masked-SFT routine (loss on target tokens).
@@ -26,7 +26,7 @@ from dreamgym.agent.policy import (
     build_agent_prompt,
     save_policy,
 )
-from dreamgym.train.sft import SFTConfig, SFTExample, train_sft
+from dreamgym.sft import SFTConfig, SFTExample, train_sft
 from dreamgym.types import DataError, Trajectory, read_trajectories
 
 log = logging.getLogger(__name__)

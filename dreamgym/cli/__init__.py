@@ -33,6 +33,40 @@ for _mod in (_data, _demo, _env, _model, _buffer, _train, _experience, _baseline
     _mod.register(app)
 
 
+@app.callback()
+def _root(
+    import_: list[str] = typer.Option(
+        [], "--import", metavar="MODULE",
+        help="import a module or .py file that registers envs (dreamgym.envs.register) before the command; "
+             "repeatable, and accepted after any command too. Installed packages can use the 'dreamgym.envs' "
+             "entry-point group instead.",
+    ),
+) -> None:
+    """Train LLM agents with RL on synthesised experience (DreamGym)."""
+
+
+def pop_imports(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(modules, rest)``: the ``--import MODULE`` / ``--import=MODULE`` options anywhere before ``--``, and
+    the other arguments, so that every command takes them."""
+    modules: list[str] = []
+    rest: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg == "--":
+            rest += [arg, *args]
+            break
+        if arg == "--import":
+            value = next(args, None)
+            if value is None:
+                raise ValueError("--import needs a MODULE (a dotted name or a .py file)")
+            modules.append(value)
+        elif arg.startswith("--import="):
+            modules.append(arg.partition("=")[2])
+        else:
+            rest.append(arg)
+    return modules, rest
+
+
 def describe(e: BaseException) -> str:
     """One line for a user error: a config's field at fault and why, a path's problem, bad text."""
     from pydantic import ValidationError
@@ -55,12 +89,15 @@ def describe(e: BaseException) -> str:
 def main() -> None:
     from yaml import YAMLError
 
+    from dreamgym.envs import load_plugins
     from dreamgym.llm.base import LLMError
     from dreamgym.types import DataError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        app()
+        modules, argv = pop_imports(sys.argv[1:])
+        load_plugins(modules)
+        app(args=argv)
     except (DataError, OSError, KeyError, ValueError, LLMError, YAMLError) as e:
         err.print(f"[red]error:[/red] {describe(e)}", highlight=False, soft_wrap=True)
         sys.exit(2)

@@ -32,7 +32,7 @@ def sft_cmd(
     """Behaviour cloning: SFT of the policy on every step of the successful trajectories in --data."""
     from dreamgym.agent.policy import PolicyConfig
     from dreamgym.baselines.sft import train_bc
-    from dreamgym.train.sft import SFTConfig
+    from dreamgym.sft import SFTConfig
 
     sft_cfg = SFTConfig(epochs=epochs, learning_rate=lr, batch_size=batch_size, time_budget_s=time_budget,
                         seed=seed, num_threads=threads)

@@ -45,7 +45,8 @@ def load_llm_config(
 def annotate(
     data: list[Path] = typer.Option(..., "--data", help="trajectory file (.jsonl/.parquet); repeat for more"),
     out: Path = typer.Option(..., "--out", help="output JSONL (appended; trajectories already in it are skipped)"),
-    annotator: str = typer.Option("rule", help="rule (the env's ground-truth explainer) | llm (a teacher model)"),
+    annotator: str = typer.Option("rule", help="rule (the env's ground-truth explainer) | diff (any env: what "
+                                  "each action changed) | llm (a teacher model)"),
     llm_config: Path | None = typer.Option(None, "--llm-config", help="teacher LLMConfig as YAML"),
     backend: str | None = typer.Option(None, help="teacher backend: hf | openai (overrides --llm-config)"),
     model: str | None = typer.Option(None, help="teacher model dir / served name (overrides --llm-config)"),
@@ -69,6 +70,7 @@ def annotate(
     """
     from dreamgym.experience.annotate import (
         Annotator,
+        DiffAnnotator,
         LLMAnnotator,
         RuleAnnotator,
         TeacherConfig,
@@ -80,6 +82,8 @@ def annotate(
     worker: Annotator
     if annotator == "rule":
         worker = RuleAnnotator(max_reasoning_chars)
+    elif annotator == "diff":
+        worker = DiffAnnotator(max_reasoning_chars)
     elif annotator == "llm":
         if fallback not in ("rule", "empty"):
             raise ValueError(f"--fallback must be rule or empty, got {fallback!r}")
@@ -98,11 +102,11 @@ def annotate(
             import torch
 
             torch.set_num_threads(threads)
-        from dreamgym.llm.base import load_llm
+        from dreamgym.llm.load import load_llm
 
         worker = LLMAnnotator(load_llm(cfg), teacher, name=f"llm:{cfg.model}")
     else:
-        raise ValueError(f"--annotator must be rule or llm, got {annotator!r}")
+        raise ValueError(f"--annotator must be rule, diff or llm, got {annotator!r}")
 
     bar = Progress(
         TextColumn(f"[bold]annotate ({annotator})"),
@@ -229,7 +233,8 @@ def eval_exp(
                       "prompts get no neighbours", highlight=False)
     judge = None
     if judge_model is not None:
-        from dreamgym.llm.base import LLMConfig, load_llm
+        from dreamgym.llm.base import LLMConfig
+        from dreamgym.llm.load import load_llm
 
         judge = load_llm(LLMConfig.model_validate({"backend": judge_backend, "model": judge_model,
                                                    "base_url": judge_base_url}))

@@ -1,4 +1,5 @@
-"""The curriculum: reward variance per task group, a task generator for high-variance tasks, the task set."""
+"""The curriculum: a task generator for high-variance tasks and the task set (the reward variance per task
+group it selects by is :func:`dreamgym.rl.advantages.reward_variance`)."""
 
 from dreamgym.curriculum.generator import (
     LLMVariationOperator,
@@ -9,7 +10,6 @@ from dreamgym.curriculum.generator import (
     variation_operator,
 )
 from dreamgym.curriculum.taskset import TaskEntry, TaskSet
-from dreamgym.rl.advantages import reward_variance
 
 __all__ = [
     "LLMVariationOperator",
@@ -19,6 +19,5 @@ __all__ = [
     "VariationOperator",
     "cluster_groups",
     "parse_variations",
-    "reward_variance",
     "variation_operator",
 ]

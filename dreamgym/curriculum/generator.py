@@ -148,15 +148,13 @@ def cluster_groups(tasks: Sequence[Task], encoder: Any, n_clusters: int, seed: i
     return {t.task_id: int(c) for t, c in zip(tasks, assign[:, 0], strict=True)}
 
 
-# Rule-based variation operators by env name (lazy "module:attr", constructed with the env's kwargs).
-RULE_OPERATORS = {"shop": "dreamgym.envs.shop.variations:ShopVariationOperator"}
-
-
 def variation_operator(kind: str, env: str, env_kwargs: dict[str, Any], llm: LLM | None = None) -> VariationOperator | None:
-    """``rule``: the env's rule-based operator; ``llm``: :class:`LLMVariationOperator` on ``llm`` (the experience
-    model's weights, as in the paper); ``none``: no task generation (the "without task generation" ablation)."""
-    import importlib
+    """``rule``: the env's rule-based operator (its :attr:`EnvSpec.variation_operator`, built with the env's
+    kwargs it accepts); ``llm``: :class:`LLMVariationOperator` on ``llm`` (the experience model's weights, as in
+    the paper); ``none``: no task generation (the "without task generation" ablation)."""
     import inspect
+
+    from dreamgym.envs.base import find_spec
 
     if kind == "none":
         return None
@@ -166,10 +164,10 @@ def variation_operator(kind: str, env: str, env_kwargs: dict[str, Any], llm: LLM
         return LLMVariationOperator(llm)
     if kind != "rule":
         raise ValueError(f"unknown task generator {kind!r}; choose rule, llm or none")
-    if env not in RULE_OPERATORS:
+    env_spec = find_spec(env)
+    cls = env_spec.load("variation_operator") if env_spec is not None else None
+    if cls is None:
         raise ValueError(f"env {env!r} has no rule-based task variations; use task_generator 'llm' or 'none'")
-    module, _, attr = RULE_OPERATORS[env].partition(":")
-    cls = getattr(importlib.import_module(module), attr)
     accepted = inspect.signature(cls).parameters
     operator: VariationOperator = cls(**{k: v for k, v in env_kwargs.items() if k in accepted})
     return operator

@@ -1,31 +1,77 @@
-"""Environments: the text-env protocol, the registry, and the built-in envs."""
+"""Environments: the text-env protocol, the registry of :class:`EnvSpec`, env pools, and the built-in envs.
+
+A new env is one small :class:`TextEnv` subclass plus one :func:`register` call (README, "Add an env"). A package
+outside this repository registers its envs from a ``dreamgym.envs`` entry point, or is imported with the CLI's
+``--import MODULE`` (:func:`load_plugins`).
+"""
 
 from dreamgym.envs.base import (
     Element,
+    EnvSpec,
     RandomPolicy,
     ScriptedPolicy,
     StateMapper,
     TextEnv,
+    find_spec,
     format_elements,
     make,
+    page_type_of,
+    parse_elements,
     register,
     registered,
+    spec,
+    truncate,
 )
+from dreamgym.envs.plugins import load_plugins
+from dreamgym.envs.policies import NoisyPolicy, make_policy
 
 # Built-in environments are registered lazily: importing dreamgym does not import their code.
-register("shop", "dreamgym.envs.shop.env:ShopEnv")
+register(
+    "shop", "dreamgym.envs.shop.env:ShopEnv",
+    policies="dreamgym.envs.shop.policies:make_policy",
+    explainer="dreamgym.envs.shop.explain:explain_trajectory",
+    consistency_checks="dreamgym.envs.shop.fidelity:check_steps",
+    variation_operator="dreamgym.envs.shop.variations:ShopVariationOperator",
+    page_type="dreamgym.envs.shop.pages:page_type",
+    demo_defaults={
+        "env_kwargs": {"num_products": 1000},
+        "policy": {"action_format": "index", "offer_task_search": True},  # search[<instruction>] is a shop action
+        "dream": {"task_generator": "rule", "synthetic_share": 0.25},
+        # spend M_exp's budget on the pages a small model can learn to copy and check (item pages, purchases)
+        # rather than on results pages, which only memorising the catalog would predict (configs/exp-shop-tiny.yaml)
+        "exp_mixture": {"results": 0.15, "search": 0.3, "item": 1.0, "done": 2.0, "description": 0.5,
+                        "features": 0.5},
+    },
+)
 register("agentgym", "dreamgym.envs.agentgym:AgentGymEnv")
-register("scienceworld", "dreamgym.envs.scienceworld.env:ScienceWorldEnv")  # needs dreamgym[scienceworld] + Java
-register("textworld", "dreamgym.envs.textworld.env:TextWorldEnv")  # needs dreamgym[textworld]
+register(  # needs dreamgym[scienceworld] + Java
+    "scienceworld", "dreamgym.envs.scienceworld.env:ScienceWorldEnv",
+    policies="dreamgym.envs.scienceworld.policies:make_policy",
+    explainer="dreamgym.envs.scienceworld.explain:explain_trajectory",
+)
+register(  # needs dreamgym[textworld]
+    "textworld", "dreamgym.envs.textworld.env:TextWorldEnv",
+    policies="dreamgym.envs.textworld.policies:make_policy",
+    explainer="dreamgym.envs.textworld.explain:explain_trajectory",
+)
 
 __all__ = [
     "Element",
+    "EnvSpec",
+    "NoisyPolicy",
     "RandomPolicy",
     "ScriptedPolicy",
     "StateMapper",
     "TextEnv",
+    "find_spec",
     "format_elements",
+    "load_plugins",
     "make",
+    "make_policy",
+    "page_type_of",
+    "parse_elements",
     "register",
     "registered",
+    "spec",
+    "truncate",
 ]

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import importlib
 import random
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import gymnasium as gym
@@ -37,6 +38,11 @@ def text_space() -> gym.spaces.Text:
     return gym.spaces.Text(max_length=MAX_TEXT, min_length=0, charset=string.printable + "".join(extra))
 
 
+# The one shape of an element line, as ``Element.render`` writes it; a line of any other shape is not an element.
+_ELEMENT_LINE = re.compile(r"^\[([^\]\n]+)\] ([^:\n]+): ?(.*)$")
+TRUNCATION_MARK = "…"
+
+
 @dataclass(frozen=True)
 class Element:
     """One actionable (or informative) element of an abstract state: ``[id] type: text``."""
@@ -48,11 +54,27 @@ class Element:
     def render(self) -> str:
         return f"[{self.id}] {self.type}: {self.text}"
 
+    @classmethod
+    def parse(cls, line: str) -> Element | None:
+        """The element a line renders (surrounding whitespace ignored), or None when it is not one."""
+        match = _ELEMENT_LINE.match(line.strip())
+        return cls(*match.groups()) if match else None
+
 
 def format_elements(elements: Sequence[Element], header: str | None = None) -> str:
     lines = [header] if header else []
     lines.extend(e.render() for e in elements)
     return "\n".join(lines)
+
+
+def parse_elements(state: str) -> list[Element]:
+    """The elements of an abstract state, in order (header and other lines skipped)."""
+    return [e for e in map(Element.parse, state.splitlines()) if e is not None]
+
+
+def truncate(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters, ending with :data:`TRUNCATION_MARK` when it was cut."""
+    return text if len(text) <= limit else text[: max(limit - 1, 0)].rstrip() + TRUNCATION_MARK
 
 
 @runtime_checkable
@@ -63,10 +85,17 @@ class StateMapper(Protocol):
 
 
 class TextEnv(gym.Env[str, str]):
-    """Base class of dreamgym environments. Subclasses implement ``_reset`` and ``_step``.
+    """Base class of dreamgym environments. Subclasses implement ``_reset`` and ``_step``, and may override
+    ``tasks``, ``admissible_for_state`` and ``scripted_policy``; set the class attribute ``name``.
 
-    ``tasks(split)`` lists the environment's own task set (may be empty for envs that create tasks
-    on the fly); ``max_steps`` truncates an episode.
+    * ``tasks(split)`` lists the env's own tasks (``"train"``, ``"val"``, ``"test"``; may be empty for an env
+      that makes tasks on the fly). ``reset`` picks one at random when the caller gives none.
+    * ``_reset(task, split)`` starts an episode of ``task`` and must set ``self.task`` to the
+      :class:`~dreamgym.types.Task` being played (build one when ``task`` is None); it returns ``(obs, info)``,
+      with ``info["admissible_actions"]`` when the env has a list of actions. The base class fills the other
+      ``info`` keys from ``self.task`` and ``self.steps``.
+    * ``_step(action)`` returns ``(obs, reward, terminated, info)``; the base class counts steps and truncates
+      at ``max_steps``. An invalid action returns the same state, reward 0 and ``info["invalid_action"] = True``.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"]}  # noqa: RUF012 (gymnasium declares it an instance var)
@@ -82,6 +111,7 @@ class TextEnv(gym.Env[str, str]):
         self._last_obs = ""
         self._last_info: dict[str, Any] = {}
         self.make_kwargs: dict[str, Any] = {}
+        self.env_spec: EnvSpec | None = None  # set by make()
 
     # -- to implement -----------------------------------------------------------------------------
     def tasks(self, split: str = "train") -> list[Task]:
@@ -110,6 +140,9 @@ class TextEnv(gym.Env[str, str]):
                 task = pool[int(self.np_random.integers(len(pool)))]
         self.steps = 0
         obs, info = self._reset(task, split)
+        if not isinstance(info.get("task", self.task), Task):
+            raise TypeError(f"{type(self).__name__}._reset must set self.task to the Task being played "
+                            f"(it is {type(self.task).__name__})")
         info = self._fill_info(info)
         self._last_obs, self._last_info = obs, info
         return obs, info
@@ -167,7 +200,13 @@ class TextEnv(gym.Env[str, str]):
 
     # -- scripted policies ------------------------------------------------------------------------
     def scripted_policy(self, name: str, seed: int = 0, **kwargs: Any) -> ScriptedPolicy:
-        """A scripted policy for this env by name. ``random`` is available everywhere."""
+        """A scripted policy for this env by name, from its :class:`EnvSpec`'s ``policies`` (the spec it was
+        made with, else the one registered under :attr:`name`). ``random`` is available everywhere."""
+        env_spec = getattr(self, "env_spec", None) or _REGISTRY.get(self.name)
+        factory = env_spec.load("policies") if env_spec is not None else None
+        if factory is not None:
+            policy: ScriptedPolicy = factory(name, seed=seed, **kwargs)
+            return policy
         if name == "random":
             return RandomPolicy(seed=seed)
         raise ValueError(f"env {self.name!r} has no scripted policy {name!r} (has: random)")
@@ -202,18 +241,72 @@ class RandomPolicy:
 # ------------------------------------------------------------------------------------------ registry
 
 EnvFactory = Callable[..., TextEnv]
-_REGISTRY: dict[str, str | EnvFactory] = {}
+# A lazy reference "package.module:attr" (imported on first use, so registering costs nothing) or the object.
+Ref = str | Callable[..., Any]
 
 
-def register(name: str, entry_point: str | EnvFactory) -> None:
-    """Register an env under ``name``; ``entry_point`` is a factory or a lazy ``"module:attr"`` string.
+@dataclass(frozen=True)
+class EnvSpec:
+    """Everything dreamgym knows about one env, as Gymnasium's ``EnvSpec`` is for its envs.
 
-    Also registers it with Gymnasium as ``dreamgym/<name>`` so ``gymnasium.make`` works too.
+    Only ``entry_point`` is required; every other field is optional, and each says what happens without it:
+
+    * ``policies``: ``(name, seed=, **kwargs) -> ScriptedPolicy``, the env's scripted policies by name (an
+      ``oracle`` and a ``noisy`` one make offline data). Without it only ``random`` exists, and the demo collects
+      its offline data with ``random`` (or takes the user's own file, ``DemoConfig.offline_file``).
+    * ``explainer``: ``Trajectory -> Explanation``, reasoning traces from the env's ground truth (the ``rule``
+      annotator). Without it the demo annotates with ``diff`` (:mod:`dreamgym.envs.explain_diff`).
+    * ``consistency_checks``: code-judged checks of dreamt steps for the fidelity report (the shop: click,
+      option and reward consistency). Without it the report has the generic metrics only.
+    * ``variation_operator``: a class or factory taking the env's kwargs, the ``rule`` task generator of the
+      curriculum. Without it the demo's task generator is ``none`` (the ``llm`` generator needs no env code).
+    * ``page_type``: ``state -> str``, a page kind for per-page next-state F1 and for weighting M_exp's data
+      (``exp_mixture``). Without it every state is one kind, ``"state"``.
+    * ``demo_defaults``: :class:`~dreamgym.pipeline.DemoConfig` fields this env needs when a config does not
+      give them (e.g. its constructor's ``env_kwargs``).
     """
-    _REGISTRY[name] = entry_point
+
+    name: str
+    entry_point: Ref
+    policies: Ref | None = None
+    explainer: Ref | None = None
+    consistency_checks: Ref | None = None
+    variation_operator: Ref | None = None
+    page_type: Ref | None = None
+    demo_defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    def load(self, what: str) -> Any:
+        """The object behind field ``what`` (importing a ``"module:attr"`` string), or None when not given."""
+        ref = getattr(self, what)
+        if not isinstance(ref, str):
+            return ref
+        module, _, attr = ref.partition(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"env {self.name!r}: cannot load its {what} {ref!r}: {e}") from e
+
+
+_REGISTRY: dict[str, EnvSpec] = {}
+
+
+def register(name: str, entry_point: Ref, **fields: Any) -> EnvSpec:
+    """Register an env: ``register("myenv", "mypkg.env:MyEnv", policies="mypkg.policies:make_policy")``.
+
+    ``entry_point`` is a factory or a lazy ``"module:attr"`` string; ``fields`` are the optional
+    :class:`EnvSpec` fields. Registering a name again replaces its spec. Also registers the env with Gymnasium
+    as ``dreamgym/<name>-v0``, so ``gymnasium.make`` works too.
+    """
+    try:
+        env_spec = EnvSpec(name=name, entry_point=entry_point, **fields)
+    except TypeError as e:
+        raise TypeError(f"register({name!r}): {e}; EnvSpec fields are {', '.join(EnvSpec.__dataclass_fields__)}") \
+            from None
+    _REGISTRY[name] = env_spec
     gym_id = f"dreamgym/{name}-v0"
     if gym_id not in gym.registry:
         gym.register(id=gym_id, entry_point=_gymnasium_creator(name), disable_env_checker=True)
+    return env_spec
 
 
 def _gymnasium_creator(name: str) -> Callable[..., TextEnv]:
@@ -235,16 +328,38 @@ def registered() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def spec(name: str) -> EnvSpec:
+    """The registered :class:`EnvSpec` of ``name`` (a ``ValueError`` naming the registered envs if none)."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown env {name!r}; registered: {', '.join(registered()) or 'none'} "
+                         "(a user's env: --import MODULE, or a 'dreamgym.envs' entry point)")
+    return _REGISTRY[name]
+
+
+def find_spec(name: str) -> EnvSpec | None:
+    """The :class:`EnvSpec` of ``name``, or None when no env of that name is registered."""
+    return _REGISTRY.get(name)
+
+
+def one_page_type(state: str) -> str:
+    """The page type of an env that has none: every state is one kind."""
+    return "state"
+
+
+def page_type_of(env: str) -> Callable[[str], str]:
+    """``env``'s :attr:`EnvSpec.page_type`, or :func:`one_page_type` when it has none or is not registered."""
+    env_spec = find_spec(env)
+    page_type = env_spec.load("page_type") if env_spec is not None else None
+    return page_type or one_page_type
+
+
 def make(name: str, **kwargs: Any) -> TextEnv:
     """Create a registered environment: ``make("shop", num_products=1000)``."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown env {name!r}; registered: {', '.join(registered()) or 'none'}")
-    ep = _REGISTRY[name]
-    if isinstance(ep, str):
-        module, _, attr = ep.partition(":")
-        ep = getattr(importlib.import_module(module), attr)
-    env = ep(**kwargs)
+    env_spec = spec(name)
+    factory = env_spec.load("entry_point")
+    env = factory(**kwargs)
     if not isinstance(env, TextEnv):
         raise TypeError(f"entry point for {name!r} returned {type(env).__name__}, not a TextEnv")
     env.make_kwargs = dict(kwargs)  # recorded in trajectories so the same env can be rebuilt
+    env.env_spec = env_spec
     return env

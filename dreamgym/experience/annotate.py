@@ -20,7 +20,6 @@ Every trace passes :func:`clean_reasoning`, so no protocol tag text can reach a 
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
@@ -33,33 +32,19 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from dreamgym.envs.base import find_spec, registered
+from dreamgym.envs.explain_diff import explain_state_diff
 from dreamgym.experience.protocol import STOP_TEXTS, TAGS, truncate_lines
 from dreamgym.llm.base import LLM, ChatMessages, Completion, LLMError, SamplingParams
-from dreamgym.types import DataError, JsonlWriter, Trajectory, read_jsonl, read_trajectories
+from dreamgym.types import DataError, Explanation, JsonlWriter, Trajectory, read_jsonl, read_trajectories
 
 log = logging.getLogger(__name__)
 
 REASONING_KEY = "reasoning"  # transitions[t].info[REASONING_KEY]: the trace of step t
 TUTORIAL_KEYS = ("Overall Plan", "Success Mode", "Failure Mode")
-# Rule-based explainers by env name, imported on first use ("module:function", see ``Explainer``).
-RULE_EXPLAINERS: dict[str, str] = {
-    "shop": "dreamgym.envs.shop.explain:explain_trajectory",
-    "textworld": "dreamgym.envs.textworld.explain:explain_trajectory",
-    "scienceworld": "dreamgym.envs.scienceworld.explain:explain_trajectory",
-}
 
 
 # ---------------------------------------------------------------------------------------- common part
-
-
-@dataclass
-class Explanation:
-    """What an env's rule-based explainer returns for one trajectory: one trace per transition, a task
-    tutorial, and counted problems (e.g. ``reward_mismatch``) that the annotator adds to its stats."""
-
-    reasoning: list[str]
-    task_tutorial: dict[str, str] | None = None
-    issues: Counter[str] = field(default_factory=Counter)
 
 
 Explainer = Callable[[Trajectory], Explanation]
@@ -101,12 +86,9 @@ def env_of(traj: Trajectory) -> str:
 
 
 def rule_explainer(env: str) -> Explainer | None:
-    """The rule-based explainer of ``env``, or None when the env has none."""
-    entry = RULE_EXPLAINERS.get(env)
-    if entry is None:
-        return None
-    module, _, attr = entry.partition(":")
-    explainer: Explainer = getattr(importlib.import_module(module), attr)
+    """The rule-based explainer of ``env`` (its :attr:`EnvSpec.explainer`), or None when it has none."""
+    env_spec = find_spec(env)
+    explainer: Explainer | None = env_spec.load("explainer") if env_spec is not None else None
     return explainer
 
 
@@ -162,7 +144,7 @@ def apply_annotation(
 
 
 class RuleAnnotator:
-    """Annotates each trajectory with its env's rule-based explainer (:data:`RULE_EXPLAINERS`)."""
+    """Annotates each trajectory with its env's rule-based explainer (:attr:`EnvSpec.explainer`)."""
 
     name = "rule"
 
@@ -172,13 +154,14 @@ class RuleAnnotator:
 
     @staticmethod
     def supports(traj: Trajectory) -> bool:
-        return env_of(traj) in RULE_EXPLAINERS
+        return rule_explainer(env_of(traj)) is not None
 
     def explain(self, traj: Trajectory) -> Explanation:
         explainer = rule_explainer(env_of(traj))
         if explainer is None:
-            known = ", ".join(sorted(RULE_EXPLAINERS))
-            raise DataError(f"trajectory {traj.traj_id}: no rule-based annotator for env {env_of(traj)!r} (has: {known})")
+            known = ", ".join(name for name in registered() if rule_explainer(name) is not None)
+            raise DataError(f"trajectory {traj.traj_id}: env {env_of(traj)!r} has no rule-based explainer (envs "
+                            f"with one: {known}); annotate with 'diff' (any env) or 'llm'")
         explanation = explainer(traj)
         self.stats.counts.update(explanation.issues)
         return explanation
@@ -187,9 +170,25 @@ class RuleAnnotator:
         out = []
         for traj in trajs:
             e = self.explain(traj)
-            name = f"rule:{env_of(traj)}"
+            name = f"{self.name}:{env_of(traj)}"
             out.append(apply_annotation(traj, e.reasoning, name, e.task_tutorial, self.max_reasoning_chars, self.stats))
         return out
+
+
+class DiffAnnotator(RuleAnnotator):
+    """Any env's traces without env code: what each action changed in the ``[id] type: text`` elements
+    (:func:`dreamgym.envs.explain_diff.explain_state_diff`). The fallback for an env with no explainer."""
+
+    name = "diff"
+
+    @staticmethod
+    def supports(traj: Trajectory) -> bool:
+        return True
+
+    def explain(self, traj: Trajectory) -> Explanation:
+        explanation = explain_state_diff(traj)
+        self.stats.counts.update(explanation.issues)
+        return explanation
 
 
 # ------------------------------------------------------------------------------------ teacher LLM
@@ -474,9 +473,10 @@ def annotate_file(
     out_path = check_output(paths, out)
     trajs = [t for p in paths for t in read_trajectories(p)]  # every file is validated before any work
     if isinstance(annotator, RuleAnnotator):
-        unsupported = sorted({env_of(t) for t in trajs if not RuleAnnotator.supports(t)})
+        unsupported = sorted({env_of(t) for t in trajs if not annotator.supports(t)})
         if unsupported:
-            raise DataError(f"no rule-based annotator for env(s) {', '.join(unsupported)}; use the llm annotator")
+            raise DataError(f"no rule-based explainer for env(s) {', '.join(unsupported)}; use the diff or llm "
+                            "annotator")
     with JsonlWriter(out_path) as writer:  # opening cuts a torn last line left by a killed run
         seen = {t.traj_id for t in read_jsonl(out_path)}
         todo = []

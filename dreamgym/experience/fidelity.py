@@ -15,7 +15,6 @@ reward, success). :func:`dream_rollouts` plays a policy in the dream on the held
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import random
@@ -25,9 +24,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dreamgym.envs.base import TextEnv
+from dreamgym.envs.base import TextEnv, find_spec, page_type_of
 from dreamgym.experience.annotate import REASONING_KEY, env_of
-from dreamgym.experience.metrics import FidelityRecord, fidelity_report, page_type
+from dreamgym.experience.metrics import FidelityRecord, fidelity_report
 from dreamgym.experience.model import ExperienceModel
 from dreamgym.experience.protocol import ExperiencePrediction, ExperienceQuery
 from dreamgym.llm.base import LLM, LLMError, SamplingParams
@@ -40,8 +39,6 @@ log = logging.getLogger(__name__)
 
 Step = tuple[Trajectory, int]
 ConsistencyChecks = Callable[[Sequence[tuple[Trajectory, int, ExperiencePrediction]]], dict[str, Any]]
-# Code-judged consistency checks by env name ("module:function"), imported on first use.
-CONSISTENCY_CHECKS: dict[str, str] = {"shop": "dreamgym.envs.shop.fidelity:check_steps"}
 
 
 def heldout_steps(heldout: Sequence[Trajectory], max_transitions: int | None = None, seed: int = 0) -> list[Step]:
@@ -74,11 +71,9 @@ def predict_steps(
 
 
 def consistency_checks(env: str) -> ConsistencyChecks | None:
-    entry = CONSISTENCY_CHECKS.get(env)
-    if entry is None:
-        return None
-    module, _, attr = entry.partition(":")
-    checks: ConsistencyChecks = getattr(importlib.import_module(module), attr)
+    """``env``'s :attr:`EnvSpec.consistency_checks`, or None when it has none or is not registered."""
+    env_spec = find_spec(env)
+    checks: ConsistencyChecks | None = env_spec.load("consistency_checks") if env_spec is not None else None
     return checks
 
 
@@ -92,7 +87,7 @@ def side_by_side(records: Sequence[FidelityRecord], steps: Sequence[Step], n: in
             "traj_id": traj.traj_id,
             "step": t,
             "action": r.gold.action,
-            "page": page_type(r.gold.next_state),
+            "page": page_type_of(env_of(traj))(r.gold.next_state),
             "real_next_state": r.gold.next_state,
             "dreamt_next_state": r.prediction.next_state,
             "real_reward": r.gold.reward,
@@ -154,7 +149,9 @@ def evaluate_experience_model(
     answers = predict_steps(model, steps, batch_size, seed)
     seconds = time.monotonic() - t0
     records = [FidelityRecord(traj.transitions[t], p, q) for (traj, t), (q, p) in zip(steps, answers, strict=True)]
-    report = fidelity_report(records, gamma=gamma, horizon=horizon).as_dict()
+    envs = {env_of(traj) for traj, _ in steps}
+    page_type = page_type_of(envs.pop()) if len(envs) == 1 else page_type_of("")
+    report = fidelity_report(records, gamma=gamma, horizon=horizon, page_type=page_type).as_dict()
 
     by_env: dict[str, list[tuple[Trajectory, int, ExperiencePrediction]]] = {}
     for (traj, t), (_, p) in zip(steps, answers, strict=True):
@@ -343,10 +340,10 @@ def real_env_of(trajs: Sequence[Trajectory]) -> tuple[str, dict[str, Any]]:
 # ------------------------------------------------------------------------------------------ LLM judge
 
 RUBRICS = ("causal_consistency", "diversity", "informativeness", "hallucination")
-JUDGE_PROMPT = """You judge a simulated environment transition produced by a world model for a web-shopping agent.
+JUDGE_PROMPT = """You judge a simulated environment transition produced by a world model for an agent's environment.
 Score each rubric 0 (bad), 1 (partly) or 2 (good):
-- causal_consistency: the next state follows logically from the state and the action (same product, the clicked \
-option selected, a purchase ends the episode).
+- causal_consistency: the next state follows logically from the state and the action (what the action names \
+changes as it should, everything else stays; an ending action ends the episode).
 - diversity: the next state is specific to this step, not a generic or repeated template.
 - informativeness: the next state gives the agent the information it needs to decide its next action.
 - hallucination: 2 = no invented content; failure or empty results are signalled rather than invented success.

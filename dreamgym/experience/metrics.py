@@ -33,14 +33,14 @@ exact one for ``terminal_reward_exact_accuracy``), and for the next state, copyi
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from dreamgym.envs.base import one_page_type
 from dreamgym.experience.protocol import ExperiencePrediction, ExperienceQuery, terminated
 from dreamgym.types import Transition
 
@@ -76,41 +76,6 @@ def element_set_match(pred: str, gold: str) -> bool:
 def next_state_exact(pred: str, gold: str) -> bool:
     """Whether both states hold the same lines in the same order (blank lines and surrounding spaces ignored)."""
     return _lines(pred) == _lines(gold)
-
-
-_ELEMENT = re.compile(r"^\[[^\]]*\]\s*([^:]+):\s?(.*)$")
-_SEARCH_TYPES = {"searchbox", "search", "textbox", "input"}
-
-
-def page_type(state: str) -> str:
-    """A heuristic page kind of a web-shop state: search, results, item, description, features, done or other.
-
-    Rules on the ``[id] type: text`` elements, first match wins (written against the built-in shop's pages,
-    where it agrees with ``info["page"]``; the env exposes no classifier for a state string):
-    done: a text says "thank you" or "your score"; search: a search-box element; results: a product link or
-    a "page N (results" / "no results" text; item: an option element or a "buy" button; then, with a "prev"
-    or "back" button and text elements: description if every text is a sentence (ends in . ! ?), else
-    features (short bullets such as "Slim fit", "Color: red, blue"); otherwise other.
-    """
-    elements = [
-        (m.group(1).strip().lower(), m.group(2).strip().lower())
-        for m in map(_ELEMENT.match, _lines(state))
-        if m
-    ]
-    types = [t for t, _ in elements]
-    texts = [x for t, x in elements if t == "text"]
-    buttons = [x for t, x in elements if t in ("button", "link")]
-    if any("thank you" in x or "your score" in x for x in texts):
-        return "done"
-    if any(t in _SEARCH_TYPES for t in types):
-        return "search"
-    if "link" in types or any(re.match(r"page \d+ \(results|no results", x) for x in texts):
-        return "results"
-    if "option" in types or any("buy" in x for x in buttons):
-        return "item"
-    if texts and any("prev" in x or "back" in x for x in buttons):
-        return "description" if all(x.endswith((".", "!", "?")) for x in texts) else "features"
-    return "other"
 
 
 # ---------------------------------------------------------------------------------------- bounds
@@ -215,8 +180,10 @@ def fidelity_report(
     gamma: float = 0.99,
     horizon: int = 15,
     r_max: float = 1.0,
+    page_type: Callable[[str], str] = one_page_type,
 ) -> FidelityReport:
-    """Score ``records``; ε_R for the bounds is ``epsilon_r["bound"]`` (see the module docstring)."""
+    """Score ``records``; ε_R for the bounds is ``epsilon_r["bound"]`` (see the module docstring). Next-state F1
+    is also given per ``page_type`` of the real next state (the env's :attr:`EnvSpec.page_type`)."""
     if not records:
         raise ValueError("fidelity_report: no transitions to score")
     if not 0.0 <= quantile <= 1.0:

@@ -35,7 +35,8 @@ from dreamgym.experience.protocol import (
     failure_prediction,
     parse_output,
 )
-from dreamgym.llm.base import LLM, LLMConfig, Prompt, SamplingParams, load_llm
+from dreamgym.llm.base import LLM, LLMConfig, Prompt, SamplingParams
+from dreamgym.llm.load import load_llm
 
 if TYPE_CHECKING:
     from dreamgym.replay import ReplayBuffer

@@ -63,6 +63,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from dreamgym.envs.base import TRUNCATION_MARK, Element
+from dreamgym.types import ExperiencePrediction
+
 if TYPE_CHECKING:
     from dreamgym.types import Trajectory, Transition
 
@@ -73,7 +76,6 @@ TAGS = ("think", "state", "reward", "done", "success")
 TAG_TEXTS = tuple(text for tag in TAGS for text in (f"<{tag}>", f"</{tag}>"))
 # Stop-token texts of common chat templates; a backend that leaves them in the output is tolerated.
 STOP_TEXTS = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end|>", "<end_of_turn>", "</s>", "<eos>")
-TRUNCATION_MARK = "…"
 
 FAILURE_REASONS: tuple[str, ...] = (
     "empty",  # nothing but whitespace (or a stop token) came back
@@ -222,7 +224,6 @@ def _similar_lines(query: ExperienceQuery, cfg: ProtocolConfig) -> list[str]:
 
 
 _ACTION_ARG = re.compile(r"^\s*\w+\s*\[(.+)\]\s*$", re.S)
-_ELEMENT = re.compile(r"^\[\d+\]\s*[\w-]+:\s*(.*)$")
 
 
 def action_target(state: str, action: str) -> str | None:
@@ -241,10 +242,10 @@ def action_target(state: str, action: str) -> str | None:
         return None
     arg = " ".join(match.group(1).split()).lower()
     for line in state.splitlines():
-        element = _ELEMENT.match(line.strip())
+        element = Element.parse(line)
         if element is None:
             continue
-        label = element.group(1).removesuffix(" (selected)").strip()
+        label = element.text.removesuffix(" (selected)").strip()
         keys = {label, re.split(r" — | \| ", label, maxsplit=1)[0]}
         if "=" in label:
             keys.add(label.split("=", 1)[1])
@@ -361,18 +362,6 @@ def target_spans(
 
 
 # ------------------------------------------------------------------------------------------ parser
-
-
-@dataclass(frozen=True)
-class ExperiencePrediction:
-    """M_exp's answer for one step. ``failure`` names the parse failure when this is the fallback."""
-
-    reasoning: str | None
-    next_state: str
-    reward: float
-    done: bool
-    success: bool
-    failure: str | None = None
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 One training example per real transition (:func:`exp_examples`): the prompt is the protocol's context (task,
 history window, the top-k neighbours retrieved from a buffer built on the training data but never from the
 transition's own trajectory, state, action) and the target is ``<think>R*_t</think>`` + next state + reward +
-done/success (:func:`~dreamgym.experience.protocol.step_target`). :func:`~dreamgym.train.sft.train_sft` puts the
+done/success (:func:`~dreamgym.experience.protocol.step_target`). :func:`~dreamgym.sft.train_sft` puts the
 loss on the target tokens only, so
 
     L = −log P(R*_t | s_t, a_t, H_t, D_k) − log P(s_{t+1}, r_{t+1}, done | s_t, a_t, R*_t, H_t, D_k).
@@ -43,7 +43,7 @@ from dreamgym.experience.protocol import (
     build_prompt_text,
     step_target,
 )
-from dreamgym.train.sft import SFTConfig, SFTExample, encode_prompt, train_sft
+from dreamgym.sft import SFTConfig, SFTExample, encode_prompt, train_sft
 from dreamgym.types import DataError, Trajectory, read_trajectories
 
 if TYPE_CHECKING:
@@ -160,9 +160,10 @@ def mix(
 
 def step_kinds(trajs: Sequence[Trajectory]) -> list[str]:
     """The kind of each transition (in :func:`exp_examples` order): the page type of its real next state."""
-    from dreamgym.experience.metrics import page_type
+    from dreamgym.envs.base import page_type_of
+    from dreamgym.experience.annotate import env_of
 
-    return [page_type(x.next_state) for traj in trajs for x in traj.transitions]
+    return [page_type_of(env_of(traj))(x.next_state) for traj in trajs for x in traj.transitions]
 
 
 # ------------------------------------------------------------------------------------------ model

@@ -9,7 +9,7 @@ from dreamgym.llm.base import (
     LLMError,
     Prompt,
     SamplingParams,
-    load_llm,
 )
+from dreamgym.llm.load import load_llm
 
 __all__ = ["LLM", "ChatMessages", "Completion", "LLMConfig", "LLMError", "Prompt", "SamplingParams", "load_llm"]

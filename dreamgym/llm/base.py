@@ -97,14 +97,3 @@ class LLMConfig(BaseModel):
     return_token_ids: bool = Field(
         default=True, description="openai: ask for generated token ids (vLLM, dreamgym serve); False for OpenAI"
     )
-
-
-def load_llm(cfg: LLMConfig) -> LLM:
-    """Build the backend named by ``cfg.backend``."""
-    if cfg.backend == "hf":
-        from dreamgym.llm.hf import HFLLM
-
-        return HFLLM.from_pretrained(cfg.model, device=cfg.device, dtype=cfg.dtype, max_batch_size=cfg.max_batch_size)
-    from dreamgym.llm.openai_backend import OpenAILLM
-
-    return OpenAILLM(cfg)

@@ -1,7 +1,7 @@
 """A procedural pre-training corpus: the copy-and-compare skills an experience model and a policy need, on
 made-up websites and worlds, in the project's own text formats.
 
-Every example is an :class:`~dreamgym.train.sft.SFTExample` rendered by the same functions that render the real
+Every example is an :class:`~dreamgym.sft.SFTExample` rendered by the same functions that render the real
 ones, so the base model sees exactly the prompt layouts it is later fine-tuned on:
 
 * experience-model transitions (:func:`~dreamgym.experience.protocol.build_messages` and
@@ -44,7 +44,7 @@ from dreamgym.experience.protocol import (
     build_messages,
     format_target,
 )
-from dreamgym.train.sft import SFTExample
+from dreamgym.sft import SFTExample
 
 
 @dataclass(frozen=True)

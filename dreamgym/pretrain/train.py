@@ -5,7 +5,7 @@ The paper starts its experience model and its policy from a pre-trained LLM; a f
 meant to give the CPU default that skill beforehand (measured so far: the 1.3M base learns the formats, not yet
 copying; :func:`copy_probe` and the README's pre-trained-base section): a byte-level BPE tokenizer (every byte is in its alphabet, so it covers
 any env's text; digits and id letters split one per token, :func:`~dreamgym.experience.train.copy_friendly`;
-protocol tags single tokens), a tiny Llama, and masked SFT (:func:`~dreamgym.train.sft.train_sft`: checkpoints,
+protocol tags single tokens), a tiny Llama, and masked SFT (:func:`~dreamgym.sft.train_sft`: checkpoints,
 resume, tensorboard, progress bar) on :func:`~dreamgym.pretrain.corpus.examples`.
 
 Budgets are in tokens (prompt + target), so the same flags give the same model on any machine; the time cap
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dreamgym.llm.pretrained import MANIFEST, sha256
-from dreamgym.train.sft import SFTConfig, SFTExample, encode_prompt, train_sft
+from dreamgym.sft import SFTConfig, SFTExample, encode_prompt, train_sft
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ import logging
 import weakref
 from typing import Any
 
-from dreamgym.envs.base import ScriptedPolicy, TextEnv
+from dreamgym.envs.base import TextEnv
 from dreamgym.envs.scienceworld.state import (
     abstract_state,
     actions_in_state,
@@ -216,13 +216,7 @@ class ScienceWorldEnv(TextEnv):
         """True for an action the state lists; None otherwise (ScienceWorld accepts more than its menu)."""
         return True if " ".join(action.split()) in set(actions_in_state(state)) else None
 
-    # -- policies and shutdown --------------------------------------------------------------------
-    def scripted_policy(self, name: str, seed: int = 0, **kwargs: Any) -> ScriptedPolicy:
-        """``oracle`` (the gold path), ``noisy`` (oracle + ``noise`` harmless detours), ``random``."""
-        from dreamgym.envs.scienceworld.policies import make_policy
-
-        return make_policy(name, seed=seed, **kwargs)
-
+    # -- shutdown ----------------------------------------------------------------------------
     def close(self) -> None:
         """Shut the JVM down and wait for it (killing it after 10 s); safe to call twice."""
         sim, self._sim = getattr(self, "_sim", None), None

@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from dreamgym.envs.base import Element, format_elements
+from dreamgym.envs.base import Element, format_elements, truncate
 
 LOCATION_RE = re.compile(r"This (?:room|outside location) is called the (.+?)\.")
 DOOR_RE = re.compile(r"^A door to the (.+?) \(that is (open|closed)\)", re.IGNORECASE)
@@ -67,7 +67,7 @@ def parse_inventory(inventory: str) -> list[str]:
 
 def short(text: str, max_chars: int) -> str:
     flat = " ".join(text.split())
-    return flat if len(flat) <= max_chars else flat[: max_chars - 1].rstrip() + "…"
+    return truncate(flat, max_chars)
 
 
 def referent(description: str) -> str:

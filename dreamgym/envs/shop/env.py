@@ -14,7 +14,7 @@ import dataclasses
 import re
 from typing import Any
 
-from dreamgym.envs.base import ScriptedPolicy, TextEnv
+from dreamgym.envs.base import TextEnv
 from dreamgym.envs.shop.catalog import Catalog, Product, build_catalog
 from dreamgym.envs.shop.pages import Click, Page, ShopState, ShopStateMapper, build_page, clicks_in_state
 from dreamgym.envs.shop.reward import ShopGoal, purchase_reward
@@ -179,10 +179,3 @@ class ShopEnv(TextEnv):
             return False
         targets, searchable = clicks_in_state(state)
         return searchable if parsed[0] == "search" else parsed[1] in targets
-
-    # -- scripted policies ------------------------------------------------------------------------
-    def scripted_policy(self, name: str, seed: int = 0, **kwargs: Any) -> ScriptedPolicy:
-        """``oracle`` (buys a matching product), ``noisy`` (oracle with ``noise`` random steps), ``random``."""
-        from dreamgym.envs.shop.policies import make_policy
-
-        return make_policy(name, seed=seed, **kwargs)

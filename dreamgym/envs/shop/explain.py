@@ -38,14 +38,13 @@ import math
 from collections import Counter
 from collections.abc import Mapping
 
-from dreamgym.envs.base import make
+from dreamgym.envs.base import make, truncate
 from dreamgym.envs.shop.catalog import Product
 from dreamgym.envs.shop.env import ShopEnv, parse_action
 from dreamgym.envs.shop.pages import Page, ShopState
 from dreamgym.envs.shop.reward import ShopGoal, purchase_reward
 from dreamgym.envs.shop.vocab import CATEGORY_BY_NAME
-from dreamgym.experience.annotate import Explanation
-from dreamgym.types import DataError, Trajectory, Transition
+from dreamgym.types import DataError, Explanation, Trajectory, Transition
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +60,7 @@ def _yn(ok: bool) -> str:
 
 
 def _short(text: str, limit: int = MAX_QUOTED) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return truncate(" ".join(text.split()), limit)
 
 
 def _bound(price_upper: float) -> str:

@@ -36,14 +36,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dreamgym.envs.base import make
+from dreamgym.envs.base import make, parse_elements
 from dreamgym.envs.shop.catalog import Catalog
 from dreamgym.envs.shop.env import ShopEnv, parse_action
 from dreamgym.envs.shop.reward import ShopGoal, purchase_reward
-from dreamgym.experience.protocol import ExperiencePrediction
-from dreamgym.types import DataError, Trajectory
+from dreamgym.types import DataError, ExperiencePrediction, Trajectory
 
-_ELEMENT = re.compile(r"^\[(\d+)\] (\w+): (.*)$")
 _BOUGHT = re.compile(r"You bought (\S+) \((.*)\)\s*$")
 _OPTION = re.compile(r"^(.+?)=(.+?)( \(selected\))?$")
 REWARD_TOL = 0.005 + 1e-9  # the protocol writes rewards with 2 decimals
@@ -59,12 +57,7 @@ class Check:
 
 def elements(state: str) -> list[tuple[str, str]]:
     """The ``(type, text)`` of each ``[id] type: text`` line of an abstract state."""
-    out = []
-    for line in state.splitlines():
-        match = _ELEMENT.match(line.strip())
-        if match is not None:
-            out.append((match.group(2), match.group(3)))
-    return out
+    return [(e.type, e.text) for e in parse_elements(state) if e.id.isdigit()]
 
 
 def _texts(state: str) -> list[str]:

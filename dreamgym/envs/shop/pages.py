@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from dreamgym.envs.base import Element, format_elements
+from dreamgym.envs.base import Element, format_elements, parse_elements
 from dreamgym.envs.shop.catalog import Catalog
 
 PageKind = Literal["search", "results", "item", "description", "features", "done"]
@@ -140,18 +140,15 @@ class ShopStateMapper:
 # The inverse of the mapper for actions: which clicks an abstract state offers, read from its lines alone
 # (the dream env has only the text). Mirrors `build_page`: buttons click by label, links by product id,
 # options by value; a searchbox makes `search[...]` valid.
-_LINE = re.compile(r"^\[\d+\] (\w+): (.*)$")
-
 
 def clicks_in_state(state: str) -> tuple[list[str], bool]:
     """``(click targets in page order, searchable)`` of an abstract shop state."""
     targets: list[str] = []
     searchable = False
-    for line in state.splitlines():
-        match = _LINE.match(line.strip())
-        if match is None:
+    for element in parse_elements(state):
+        if not element.id.isdigit():  # the shop numbers its elements
             continue
-        kind, text = match.groups()
+        kind, text = element.type, element.text
         if kind == "searchbox":
             searchable = True
         elif kind == "button":
@@ -161,3 +158,34 @@ def clicks_in_state(state: str) -> tuple[list[str], bool]:
         elif kind == "option" and "=" in text:
             targets.append(text.split("=", 1)[1].removesuffix(" (selected)").strip().lower())
     return list(dict.fromkeys(targets)), searchable
+
+
+_SEARCH_TYPES = {"searchbox", "search", "textbox", "input"}
+
+
+def page_type(state: str) -> str:
+    """The page kind of a shop state (the shop's ``EnvSpec.page_type``): search, results, item, description,
+    features, done or other.
+
+    Rules on the ``[id] type: text`` elements, first match wins (they agree with ``info["page"]`` on the shop's
+    own pages, and also classify dreamt states, which have no ``info``):
+    done: a text says "thank you" or "your score"; search: a search-box element; results: a product link or
+    a "page N (results" / "no results" text; item: an option element or a "buy" button; then, with a "prev"
+    or "back" button and text elements: description if every text is a sentence (ends in . ! ?), else
+    features (short bullets such as "Slim fit", "Color: red, blue"); otherwise other.
+    """
+    elements = [(e.type.strip().lower(), e.text.strip().lower()) for e in parse_elements(state)]
+    types = [t for t, _ in elements]
+    texts = [x for t, x in elements if t == "text"]
+    buttons = [x for t, x in elements if t in ("button", "link")]
+    if any("thank you" in x or "your score" in x for x in texts):
+        return "done"
+    if any(t in _SEARCH_TYPES for t in types):
+        return "search"
+    if "link" in types or any(re.match(r"page \d+ \(results|no results", x) for x in texts):
+        return "results"
+    if "option" in types or any("buy" in x for x in buttons):
+        return "item"
+    if texts and any("prev" in x or "back" in x for x in buttons):
+        return "description" if all(x.endswith((".", "!", "?")) for x in texts) else "features"
+    return "other"

@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from dreamgym.envs.base import ScriptedPolicy, TextEnv
+from dreamgym.envs.base import TextEnv
 from dreamgym.envs.textworld.games import (
     DEFAULT_CHALLENGE,
     GameSpec,
@@ -171,13 +171,7 @@ class TextWorldEnv(TextEnv):
     def admissible_for_state(self, state: str) -> list[str]:
         return commands_in_state(state)
 
-    # -- policies and shutdown --------------------------------------------------------------------
-    def scripted_policy(self, name: str, seed: int = 0, **kwargs: Any) -> ScriptedPolicy:
-        """``oracle`` (TextWorld's walkthrough), ``noisy`` (oracle + ``noise`` random steps), ``random``."""
-        from dreamgym.envs.textworld.policies import make_policy
-
-        return make_policy(name, seed=seed, **kwargs)
-
+    # -- shutdown ----------------------------------------------------------------------------
     def _close_game(self) -> None:
         if self._game_env is not None:
             self._game_env.close()

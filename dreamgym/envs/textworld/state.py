@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from dreamgym.envs.base import Element, format_elements
+from dreamgym.envs.base import Element, format_elements, truncate
 
 ROOM_TITLE_RE = re.compile(r"-=\s*(.*?)\s*=-")
 BANNER_CHARS = set("_|$\\/<> \t")
@@ -35,7 +35,7 @@ def clean_text(text: str, max_chars: int) -> str:
     """One line: no ASCII-art banner lines, no room title, single spaces, at most ``max_chars``."""
     lines = [ln for ln in text.splitlines() if ln.strip() and not set(ln) <= BANNER_CHARS]
     flat = PROMPT_RE.sub("", " ".join(ROOM_TITLE_RE.sub(" ", " ".join(lines)).split()))
-    return flat if len(flat) <= max_chars else flat[: max_chars - 1].rstrip() + "…"
+    return truncate(flat, max_chars)
 
 
 def room_name(description: str) -> str | None:

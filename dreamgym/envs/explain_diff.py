@@ -1,5 +1,6 @@
 """Rule explainers for text envs whose abstract states are ``[id] type: text`` lines under a ``key: value``
 header (TextWorld, ScienceWorld): the state diff of a step, the replay that reads the env's score, the trace.
+:func:`explain_state_diff` is the same trace for any env, from its states alone (the ``diff`` annotator).
 
 A trace says, from ground truth, what the action did to the abstract state, in one short line::
 
@@ -20,18 +21,15 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dreamgym.envs.base import TextEnv, make
-from dreamgym.experience.annotate import Explanation
-from dreamgym.types import DataError, Trajectory, Transition
+from dreamgym.envs.base import Element, TextEnv, make, parse_elements, truncate
+from dreamgym.types import DataError, Explanation, Trajectory, Transition
 
 log = logging.getLogger(__name__)
 
-ELEMENT_RE = re.compile(r"^\[[^\]]+\] ([^:]+): (.*)$")
 INVALID_OUTCOME = "-> state unchanged, reward 0"
 MAX_QUOTED = 40  # characters of one quoted element or action
 
@@ -52,16 +50,14 @@ class ParsedState:
             key, _, value = lines[0].partition(": ")
             header = (key.strip(), value.strip())
         elements: dict[str, list[str]] = {}
-        for line in lines:
-            match = ELEMENT_RE.match(line)
-            if match:
-                elements.setdefault(match.group(1), []).append(match.group(2))
+        for element in map(Element.parse, lines):
+            if element is not None:
+                elements.setdefault(element.type, []).append(element.text)
         return cls(header, elements)
 
 
 def _short(text: str, limit: int = MAX_QUOTED) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return truncate(" ".join(text.split()), limit)
 
 
 def element_diff(before: Sequence[str], after: Sequence[str], max_items: int = 3) -> str:
@@ -82,6 +78,8 @@ def state_diff(before: str, after: str, types: Sequence[str], room_types: frozen
     moved = s0.header != s1.header
     key = s1.header[0] or "header"
     segments = [f"{key} {s0.header[1]} -> {s1.header[1]}" if moved else f"{key} {s1.header[1]}"]
+    if not (s0.header[0] or s1.header[0]):  # states without a header line (any env's, see explain_state_diff)
+        segments = []
     if moved:
         counts = [f"{len(s1.elements.get(kind, []))} {kind}" for kind in types if kind in room_types]
         segments.append("new room: " + ", ".join(counts))
@@ -163,3 +161,13 @@ def explain_text_trajectory(traj: Trajectory, types: Sequence[str], room_types: 
         traces.append(step_trace(x, types, room_types, score, max_items))
     return Explanation(traces, None, issues)
 
+
+def explain_state_diff(traj: Trajectory, max_items: int = 3) -> Explanation:
+    """Any env's traces, from the recorded states alone: the element types each step added or removed (every
+    type the states show), the reward and the ending. No replay, so no score: the fallback for an env that
+    registers no explainer."""
+    traces = []
+    for x in traj.transitions:
+        types = list(dict.fromkeys(e.type for state in (x.state, x.next_state) for e in parse_elements(state)))
+        traces.append(step_trace(x, types, frozenset(), None, max_items))
+    return Explanation(traces, None, Counter())

@@ -1,1 +1,0 @@
-"""Training routines shared by the experience model and the policy (SFT)."""
