@@ -154,6 +154,35 @@ def test_an_example_never_retrieves_its_own_transition(tmp_path: Path) -> None:
         "STATE:")[0]
 
 
+def test_neighbours_show_real_endings_only_like_the_targets(tmp_path: Path) -> None:
+    """A step cut by the step limit (done=True, info.truncated) is not an ending: its target says done=0, and so
+    must the neighbour showing it (d=0) and the neighbour a trained model is served at inference."""
+    from dreamgym.experience.model import neighbours_of
+    from dreamgym.experience.protocol import Neighbour
+
+    def walk(i: int, cut: bool) -> Trajectory:
+        steps = [Transition(state=f"[1] text: shelf T{i} aisle {t}", action=f"click[item {t}]",
+                            next_state=f"[1] text: shelf T{i} aisle {t + 1}", reward=0.0, done=t == 1,
+                            info={"reasoning": "walk", **({"truncated": True} if cut and t == 1 else {})})
+                 for t in range(2)]
+        return Trajectory(traj_id=f"T{i}", task=Task(task_id=f"task{i}", instruction="walk", env="toy"),
+                          transitions=steps)
+
+    cut, ended = walk(0, cut=True), walk(1, cut=False)
+    buffer = ReplayBuffer.open(tmp_path / "buf", encoder=HashingEncoder())
+    buffer.add_trajectories([cut])
+    cfg = ProtocolConfig(k=1, neighbour_states=True, system_prompt="", reasoning=False)
+    assert step_target(cut, 1, None, cfg).endswith("<done>0</done> <success>0</success>")
+    [(_, _, query)] = [q for q in exp_queries([ended], cfg, buffer) if q[1] == 1]
+    assert query.retrieved[0].next_state == cut.transitions[1].next_state and query.retrieved[0].done is False
+    [example] = exp_examples([ended], cfg, buffer, chat=False)[1:]
+    assert isinstance(example.prompt, str) and "| r=0.00 d=0" in example.prompt
+    assert neighbours_of(buffer.retrieve(cut.transitions[1].state, cut.transitions[1].action, k=1))[0].done is False
+    assert Neighbour.from_transition(cut.transitions[1]).done is False
+    assert Neighbour.from_transition(ended.transitions[1]).done is True
+    buffer.close()
+
+
 def test_mix_resamples_by_kind() -> None:
     examples = [SFTExample(f"p{i}", f"t{i}") for i in range(1000)]
     kinds = ["results", "done"] * 500

@@ -91,10 +91,10 @@ class DreamEnv(TextEnv):
         state = self._last_obs
         if self.grammar is not None and self.grammar.action_valid_for_state(state, action) is False:
             return None
-        window = self.model.protocol.history_window
-        history = self.history[-window:] if window else []
         assert self.task is not None
-        return ExperienceQuery(self.task.instruction, list(history), [], state, action)
+        # The whole history: the protocol shows the last ``history_window`` steps numbered from the episode's
+        # start, as training prompts (ExperienceQuery.at_step) do.
+        return ExperienceQuery(self.task.instruction, list(self.history), [], state, action)
 
     def set_prediction(self, prediction: ExperiencePrediction) -> None:
         """Hand in a prediction made in a batch (``DreamEnvPool``); the next ``step`` uses it."""
@@ -106,6 +106,7 @@ class DreamEnv(TextEnv):
         if query is None:
             self._pending = None
             invalid = {"admissible_actions": self._last_info.get("admissible_actions", []), "invalid_action": True}
+            self.history.append((state, action))  # a step of the episode, in the history as in training's
             self._record(state, action, state, 0.0, False, invalid)
             return state, 0.0, False, invalid
         prediction = self._pending or self.model.predict([query])[0]

@@ -105,7 +105,8 @@ class Neighbour:
 
     @classmethod
     def from_transition(cls, t: Transition) -> Neighbour:
-        return cls(t.state, t.action, t.next_state, t.reward, t.done)
+        """``done`` is :func:`terminated`, as in the targets: a step-limit cut is not shown as an ending."""
+        return cls(t.state, t.action, t.next_state, t.reward, terminated(t))
 
 
 @dataclass
