@@ -284,27 +284,37 @@ def test_interrupt_after_the_commit_replace_keeps_every_committed_row(
         buf.check(sample=30)
 
 
+@pytest.mark.parametrize("point", ["fsync 1", "fsync 2", "fsync 3", "replace"])
 def test_interrupt_before_the_commit_replace_leaves_the_previous_commit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str
 ) -> None:
-    """A failure anywhere before the commit record is replaced (here: fsync of its temp file) cuts the batch."""
+    """A failure anywhere before the commit record is replaced (the fsync of the records, of the embeddings, of
+    the record's temp file, or the rename itself) cuts the batch; the buffer goes on from the previous commit."""
     path, enc = tmp_path / "b", HashingEncoder(32)
     with ReplayBuffer.open(path, enc) as buf:
         buf.add_embedded(records(20), clustered(20, 32, 0))
-        real_fsync = os.fsync
+        real_fsync, real_replace = os.fsync, os.replace
         calls = {"n": 0}
 
         def failing_fsync(fd: int) -> None:
             calls["n"] += 1
-            if calls["n"] == 3:  # records, embeddings, then the commit record's temp file
+            if point == f"fsync {calls['n']}":
                 raise KeyboardInterrupt
             real_fsync(fd)
 
+        def failing_replace(src: str, dst: str) -> None:
+            if Path(dst).name == "commit.json":
+                raise KeyboardInterrupt
+            real_replace(src, dst)
+
         with monkeypatch.context() as m:
             m.setattr(os, "fsync", failing_fsync)
+            if point == "replace":
+                m.setattr(os, "replace", failing_replace)
             with pytest.raises(KeyboardInterrupt):
                 buf.add_embedded(records(5, prefix="new"), clustered(5, 32, 1))
         assert len(buf) == 20
+        assert (path / "records.jsonl").stat().st_size == buf.store.records_bytes  # the batch was cut
         buf.add_embedded(records(5, prefix="after"), clustered(5, 32, 2))
     with ReplayBuffer.open(path, enc) as buf:
         assert len(buf) == 25 and buf.record(24).state == "after state 4"
