@@ -14,7 +14,6 @@ The encoders are timed separately on realistic shop (state, action) texts.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -205,7 +204,7 @@ def bench_index(kind: str, sizes: list[int], args: argparse.Namespace, work: Pat
     """Grow one buffer (approximate index ``kind``) through ``sizes``; measure each size, then close and reopen."""
     dim = 384
     config = IndexConfig(approximate="hnsw" if kind == "hnsw" else "ivf", threads=args.threads)
-    out: dict[str, Any] = {"config": dataclasses.asdict(config), "sizes": []}
+    out: dict[str, Any] = {"config": config.model_dump(), "sizes": []}
     gen = ClusteredEmbeddings(dim)  # the same vectors for every kind
     buf = ReplayBuffer.open(work / kind, HashingEncoder(dim), config=config)
     try:

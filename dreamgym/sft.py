@@ -75,33 +75,57 @@ def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False).input_ids)
 
 
-def tokenize_example(tokenizer: Any, ex: SFTExample, max_length: int) -> dict[str, list[int]] | None:
-    """``input_ids`` = prompt + target + EOS, ``labels`` = -100 on the prompt. Over-long prompts are cut from
-    the left (the target is never cut); returns None when the target alone does not fit."""
-    prompt_ids = encode_prompt(tokenizer, ex.prompt)
-    target_ids = list(tokenizer(ex.target, add_special_tokens=False).input_ids)
+def encode_target(tokenizer: Any, target: str) -> list[int]:
+    """Token ids of ``target`` + EOS, as SFT trains them."""
+    target_ids = list(tokenizer(target, add_special_tokens=False).input_ids)
     if tokenizer.eos_token_id is not None:
         target_ids.append(tokenizer.eos_token_id)
+    return target_ids
+
+
+def prompt_budget(tokenizer: Any, target: str, max_length: int) -> int:
+    """How many prompt tokens fit before ``target`` + EOS in ``max_length`` (< 1: the target alone does not)."""
+    return max_length - len(encode_target(tokenizer, target))
+
+
+def tokenize_example(tokenizer: Any, ex: SFTExample, max_length: int) -> dict[str, list[int]] | None:
+    """``input_ids`` = prompt + target + EOS, ``labels`` = -100 on the prompt. Over-long prompts are cut from
+    the left (the target is never cut; :class:`TokenizedDataset` counts the cuts; experience-model prompts are
+    fitted before, by :func:`~dreamgym.experience.protocol.fit_prompt`, and never reach this cut); returns None
+    when the target alone does not fit."""
+    return _tokenize(tokenizer, ex, max_length)[0]
+
+
+def _tokenize(tokenizer: Any, ex: SFTExample, max_length: int) -> tuple[dict[str, list[int]] | None, bool]:
+    """:func:`tokenize_example` and whether the prompt was cut."""
+    prompt_ids = encode_prompt(tokenizer, ex.prompt)
+    target_ids = encode_target(tokenizer, ex.target)
     if len(target_ids) >= max_length:
-        return None
+        return None, False
     keep = max_length - len(target_ids)
+    cut = len(prompt_ids) > keep
     prompt_ids = prompt_ids[-keep:]
-    return {"input_ids": prompt_ids + target_ids, "labels": [IGNORE_INDEX] * len(prompt_ids) + target_ids}
+    return {"input_ids": prompt_ids + target_ids, "labels": [IGNORE_INDEX] * len(prompt_ids) + target_ids}, cut
 
 
 class TokenizedDataset(torch.utils.data.Dataset[dict[str, list[int]]]):
     def __init__(self, tokenizer: Any, examples: Sequence[SFTExample], max_length: int) -> None:
         self.rows: list[dict[str, list[int]]] = []
         self.dropped = 0
+        self.cut_prompts = 0  # prompts cut from the left to fit max_length
         for ex in examples:
-            row = tokenize_example(tokenizer, ex, max_length)
+            row, cut = _tokenize(tokenizer, ex, max_length)
             if row is None:
                 self.dropped += 1
             else:
                 self.rows.append(row)
+                self.cut_prompts += cut
         if self.dropped:
             log.warning("dropped %d of %d examples whose target is longer than max_length=%d",
                         self.dropped, len(examples), max_length)
+        if self.cut_prompts:
+            log.warning("cut %d of %d prompts from the left to fit max_length=%d", self.cut_prompts, len(examples),
+                        max_length)
         if not self.rows:
             raise ValueError("no training examples left after tokenization (all targets exceed max_length?)")
 
@@ -227,6 +251,7 @@ def train_sft(
     return {
         "examples": len(train_ds),
         "dropped_examples": train_ds.dropped,
+        "cut_prompts": train_ds.cut_prompts,
         "target_tokens": train_ds.target_tokens,
         "steps": trainer.state.global_step,
         "epochs": trainer.state.epoch,

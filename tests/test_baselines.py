@@ -142,6 +142,50 @@ def test_dpo_raises_the_chosen_vs_rejected_margin(sft_run: Path, shop: TextEnv, 
     assert saved == pytest.approx(summary["margin_after"], abs=1e-3)
 
 
+def test_dpo_counts_and_reports_pairs_too_long_for_max_length(
+    sft_run: Path, oracle: list[Trajectory], tmp_path: Path
+) -> None:
+    """A pair whose prompt alone fills max_length (TRL would filter it out silently) is left out and counted; a
+    pair whose completion TRL cuts is counted; the counts match what TRL's DPOTrainer does with the pairs."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    from dreamgym.baselines.dpo import check_pair_lengths, pair_lengths
+
+    data = [*oracle, *(t.model_copy(deep=True, update={"success": False}) for t in oracle[:2])]
+    data[-1].transitions[0].action = "search[" + "very " * 100 + "wrong]"  # a long rejected completion
+    data[-2].transitions[1].action = "click[next >]"
+    write_trajectories(tmp_path / "d.jsonl", data)
+    policy_cfg = load_policy(sft_run).cfg
+    pairs = preference_pairs(data, policy_cfg)
+    tokenizer = AutoTokenizer.from_pretrained(sft_run / "model")
+    lengths = sorted((pair_lengths(tokenizer, p), p) for p in pairs)
+    assert len(lengths) == 2 and lengths[0][0][0] < lengths[1][0][0]  # two pairs, prompts of different lengths
+    (short_prompt, short_chosen, short_rejected), _ = lengths[0]
+    long_prompt = lengths[1][0][0]
+    assert long_prompt < short_prompt + max(short_chosen, short_rejected)  # one max_length shows both cases
+    max_length = long_prompt  # the long prompt fills it; the short pair fits its prompt but not its completion
+    kept, counts = check_pair_lengths(tokenizer, pairs, max_length)
+    assert counts == {"prompt_too_long": 1, "completion_cut": 1} and kept == [lengths[0][1]]
+
+    # TRL with the same pairs and max_length keeps exactly the pairs counted as trainable, and cuts the completion.
+    model = AutoModelForCausalLM.from_pretrained(sft_run / "model")
+    dataset = Dataset.from_list([{"prompt": p.prompt, "chosen": [{"role": "assistant", "content": p.chosen}],
+                                  "rejected": [{"role": "assistant", "content": p.rejected}]} for p in pairs])
+    args = DPOConfig(output_dir=str(tmp_path / "trl"), max_length=max_length, bf16=False, use_cpu=True,
+                     report_to=[], disable_tqdm=True, activation_checkpointing=False)
+    trainer = DPOTrainer(model=model, ref_model=AutoModelForCausalLM.from_pretrained(sft_run / "model"), args=args,
+                         train_dataset=dataset, processing_class=tokenizer)
+    [row] = list(trainer.train_dataset)
+    assert len(row["prompt_ids"]) == short_prompt and len(row["chosen_ids"]) == short_chosen
+
+    summary = train_dpo([tmp_path / "d.jsonl"], sft_run, tmp_path / "dpo",
+                        DPOTrainConfig(epochs=1, batch_size=2, num_threads=1, max_length=max_length))
+    assert (summary["pairs"], summary["trained_pairs"]) == (2, 1)
+    assert (summary["pairs_prompt_too_long"], summary["pairs_completion_cut"]) == (1, 1)
+
+
 # --------------------------------------------------------------------------------------------- CLI
 
 

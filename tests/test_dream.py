@@ -93,6 +93,27 @@ def test_invalid_action_is_answered_by_the_grammar_without_a_model_call(shop, of
     assert traj.source == "synthetic" and traj.success and [t.action for t in traj.transitions][-1] == "click[buy now]"
 
 
+def test_dream_prompts_number_the_history_as_training_prompts_do(shop, offline) -> None:
+    """Grammar-rejected actions are steps of the episode (the real env records them, so training prompts show
+    them): the dream's history holds them too and numbers steps absolutely past the window, like
+    ``ExperienceQuery.at_step`` on the trajectory the dream wrote."""
+    from dreamgym.experience.protocol import ExperienceQuery, build_user_text
+
+    llm = ShopScriptLLM()
+    env = dream_env(shop, offline, llm, protocol={"k": 0, "history_window": 2})
+    env.reset(seed=1)
+    actions = ["click[buy now]", "search[cotton shirt]", "click[back to search]", "click[nope]",
+               "click[back to search]", "click[buy now]"]
+    for action in actions:
+        env.step(action)
+    traj = env.trajectory()
+    valid = [t for t, x in enumerate(traj.transitions) if not x.info["invalid_action"]]
+    assert valid == [1, 2, 4, 5] and len(llm.prompts) == 4
+    protocol = env.model.protocol
+    assert llm.prompts == [build_user_text(ExperienceQuery.at_step(traj, t), protocol) for t in valid]
+    assert "#3 click[back to search]\n#4 click[nope]" in llm.prompts[2]
+
+
 def test_pool_batches_one_model_call_per_step_and_feeds_the_buffer(shop, offline, tmp_path: Path) -> None:
     llm = ShopScriptLLM()
     buffer = ReplayBuffer.open(tmp_path / "buf", encoder=HashingEncoder())

@@ -423,3 +423,33 @@ def test_models_saved_before_the_target_line_load_without_it() -> None:
     old = ExperienceConfig(protocol={"k": 0, "history_window": 2})  # an experience.json without ground_action
     assert old.protocol_config().ground_action is False
     assert ExperienceConfig.from_protocol(ProtocolConfig()).protocol_config().ground_action is True
+
+
+def test_protocol_teacher_and_index_configs_are_strict_pydantic_models() -> None:
+    import pydantic
+
+    from dreamgym.experience.annotate import TeacherConfig
+    from dreamgym.experience.model import ExperienceConfig
+    from dreamgym.replay import IndexConfig
+
+    for cls, bad in ((ProtocolConfig, {"k": -1}), (TeacherConfig, {"retries": -1}), (IndexConfig, {"threads": "x"})):
+        assert issubclass(cls, pydantic.BaseModel)
+        with pytest.raises(pydantic.ValidationError, match="extra"):
+            cls(no_such_field=1)
+        with pytest.raises(ValueError):
+            cls(**bad)
+        assert cls.model_validate(cls().model_dump()) == cls()
+    with pytest.raises(ValueError):
+        TeacherConfig(fallback="nope")  # type: ignore[arg-type]
+    assert ProtocolConfig().model_copy(update={"k": 0}).k == 0
+    with pytest.raises(pydantic.ValidationError):
+        IndexConfig().threads = 2  # type: ignore[misc]  # frozen, as the dataclass was
+    # An experience.json written when ProtocolConfig was a dataclass (dataclasses.asdict) still loads.
+    saved = ('{"protocol": {"history_window": 2, "history_states": false, "k": 1, "neighbour_states": false, '
+             '"reasoning": true, "max_state_chars": 1200, "max_neighbour_chars": 600, "system_prompt": ""}, '
+             '"chat": true, "max_new_tokens": 200}')
+    old = ExperienceConfig.model_validate_json(saved).protocol_config()
+    assert (old.history_window, old.k, old.system_prompt, old.ground_action) == (2, 1, "", False)
+    assert ExperienceConfig.from_protocol(old).protocol == old.model_dump()
+    assert set(old.model_dump()) == {"history_window", "history_states", "k", "neighbour_states", "reasoning",
+                                     "max_state_chars", "max_neighbour_chars", "system_prompt", "ground_action"}

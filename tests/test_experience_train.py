@@ -154,6 +154,97 @@ def test_an_example_never_retrieves_its_own_transition(tmp_path: Path) -> None:
         "STATE:")[0]
 
 
+def test_neighbours_show_real_endings_only_like_the_targets(tmp_path: Path) -> None:
+    """A step cut by the step limit (done=True, info.truncated) is not an ending: its target says done=0, and so
+    must the neighbour showing it (d=0) and the neighbour a trained model is served at inference."""
+    from dreamgym.experience.model import neighbours_of
+    from dreamgym.experience.protocol import Neighbour
+
+    def walk(i: int, cut: bool) -> Trajectory:
+        steps = [Transition(state=f"[1] text: shelf T{i} aisle {t}", action=f"click[item {t}]",
+                            next_state=f"[1] text: shelf T{i} aisle {t + 1}", reward=0.0, done=t == 1,
+                            info={"reasoning": "walk", **({"truncated": True} if cut and t == 1 else {})})
+                 for t in range(2)]
+        return Trajectory(traj_id=f"T{i}", task=Task(task_id=f"task{i}", instruction="walk", env="toy"),
+                          transitions=steps)
+
+    cut, ended = walk(0, cut=True), walk(1, cut=False)
+    buffer = ReplayBuffer.open(tmp_path / "buf", encoder=HashingEncoder())
+    buffer.add_trajectories([cut])
+    cfg = ProtocolConfig(k=1, neighbour_states=True, system_prompt="", reasoning=False)
+    assert step_target(cut, 1, None, cfg).endswith("<done>0</done> <success>0</success>")
+    [(_, _, query)] = [q for q in exp_queries([ended], cfg, buffer) if q[1] == 1]
+    assert query.retrieved[0].next_state == cut.transitions[1].next_state and query.retrieved[0].done is False
+    [example] = exp_examples([ended], cfg, buffer, chat=False)[1:]
+    assert isinstance(example.prompt, str) and "| r=0.00 d=0" in example.prompt
+    assert neighbours_of(buffer.retrieve(cut.transitions[1].state, cut.transitions[1].action, k=1))[0].done is False
+    assert Neighbour.from_transition(cut.transitions[1]).done is False
+    assert Neighbour.from_transition(ended.transitions[1]).done is True
+    buffer.close()
+
+
+def test_sft_shortens_a_long_prompt_by_the_rule_inference_uses(annotated, tmp_path: Path) -> None:
+    """A prompt over max_length loses its neighbours first, then its history (oldest first), then state lines;
+    the system text and the TASK line stay. Training and inference fit it by one function, so a budget gives
+    the same prompt in both; a prompt SFT itself would cut from the left is counted."""
+    from dreamgym.sft import TokenizedDataset, encode_target
+
+    from dreamgym.experience.model import ExperienceConfig, ExperienceModel
+    from dreamgym.experience.protocol import Neighbour, build_messages, fit_prompt, shorter_layouts
+    from dreamgym.experience.train import fit_examples
+
+    traj = next(tr for tr in annotated if len(tr.transitions) >= 4)
+    x = traj.transitions[3]
+    cfg = ProtocolConfig(k=2, history_window=3)
+    query = ExperienceQuery.at_step(traj, 3, [Neighbour(x.state, x.action, x.next_state, 0.0, False)] * 2)
+    ex = SFTExample(build_messages(query, cfg), step_target(traj, 3, x.info["reasoning"], cfg))
+    _, tokenizer = fresh_tiny_model("micro", annotated, [ex], 512, seed=0)
+
+    def count(p: object) -> int:
+        return len(encode_prompt(tokenizer, p))  # type: ignore[arg-type]
+
+    n_target = len(encode_target(tokenizer, ex.target))
+    max_length = count(ex.prompt) + n_target - 1  # one token too many
+    [fitted], counts = fit_examples(tokenizer, [(query, ex)], cfg, True, max_length)
+    assert counts == {"shortened_prompts": 1, "unfit_prompts": 0}
+    system, user = fitted.prompt[0]["content"], fitted.prompt[1]["content"]
+    assert system == cfg.system_text() and user.startswith(f"TASK: {traj.task.instruction}\nHISTORY:\n#1 ")
+    assert "(1)" in user and "(2)" not in user  # the last neighbour went first
+    assert TokenizedDataset(tokenizer, [fitted], max_length).cut_prompts == 0
+    assert TokenizedDataset(tokenizer, [ex], max_length).cut_prompts == 1  # SFT's own cut is counted
+
+    # Inference fits the same query to the same budget by the same rule.
+    class Context:
+        max_length = count(ex.prompt) - 1 + 16
+
+        def encode(self, prompt: object) -> list[int]:
+            return encode_prompt(tokenizer, prompt)  # type: ignore[arg-type]
+
+    model = ExperienceModel(Context(), ExperienceConfig.from_protocol(cfg, max_new_tokens=16))  # type: ignore[arg-type]
+    assert model.fit_context(query, model.prompt(query)) == fitted.prompt and model.shortened_prompts == 1
+
+    # The order: every neighbour, then the oldest history step, ..., then the state; numbers stay absolute.
+    layouts = [(c.k, c.history_window, c.max_state_chars) for c in shorter_layouts(query, cfg)]
+    assert layouts[:5] == [(1, 3, 1200), (0, 3, 1200), (0, 2, 1200), (0, 1, 1200), (0, 0, 1200)]
+    assert all(k == 0 and w == 0 and chars < 1200 for k, w, chars in layouts[5:]) and len(layouts) > 5
+    one_step = build_messages(query, cfg.model_copy(update={"k": 0, "history_window": 1}))
+    shortened, was_cut = fit_prompt(query, cfg, True, count, count(one_step))
+    assert was_cut and shortened == one_step and "HISTORY:\n#3 " in one_step[1]["content"]
+    smallest = build_messages(query, cfg.model_copy(update={"k": 0, "history_window": 0, "max_state_chars":
+                                                              layouts[-1][2]}))
+    assert smallest[1]["content"].startswith(f"TASK: {traj.task.instruction}\nSTATE:\n")
+    assert fit_prompt(query, cfg, True, count, count(smallest) - 1) == (None, True)
+    assert fit_examples(tokenizer, [(query, ex)], cfg, True, count(smallest) - 1 + n_target)[1]["unfit_prompts"] == 1
+
+    # train-exp reports the counts; the prompts it trains on are never cut from the left.
+    write_jsonl(tmp_path / "train.jsonl", annotated)
+    sft = SFTConfig(max_steps=1, batch_size=4, max_length=700, num_threads=1, save_steps=100000)
+    summary = train_experience_model([tmp_path / "train.jsonl"], "micro", tmp_path / "m",
+                                     ProtocolConfig(k=1, history_window=3, reasoning=False), sft, vocab_size=512)
+    assert summary["shortened_prompts"] > 0 and summary["cut_prompts"] == 0
+    assert summary["examples"] + summary["unfit_prompts"] + summary["dropped_examples"] == summary["transitions"]
+
+
 def test_mix_resamples_by_kind() -> None:
     examples = [SFTExample(f"p{i}", f"t{i}") for i in range(1000)]
     kinds = ["results", "done"] * 500
@@ -263,16 +354,16 @@ def test_the_time_budget_covers_preparation_and_a_killed_build_leaves_no_half_bu
     write_jsonl(tmp_path / "train.jsonl", annotated)
     protocol = ProtocolConfig(k=1, history_window=0, system_prompt="")
     sft = SFTConfig(epochs=1, batch_size=4, max_length=512, num_threads=1, save_steps=100000, time_budget_s=300.0)
-    real = exp_train.exp_examples
+    real = exp_train.exp_pairs
 
     def killed(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise KeyboardInterrupt  # a kill after the buffer is written, before training
 
-    monkeypatch.setattr(exp_train, "exp_examples", killed)
+    monkeypatch.setattr(exp_train, "exp_pairs", killed)
     with pytest.raises(KeyboardInterrupt):
         train_experience_model([tmp_path / "train.jsonl"], "micro", tmp_path / "m", protocol, sft, vocab_size=512)
     assert not (tmp_path / "m" / "buffer").exists()  # only the .partial one, which the next attempt replaces
-    monkeypatch.setattr(exp_train, "exp_examples", real)
+    monkeypatch.setattr(exp_train, "exp_pairs", real)
     summary = train_experience_model([tmp_path / "train.jsonl"], "micro", tmp_path / "m", protocol, sft,
                                      vocab_size=512)
     assert (tmp_path / "m" / "buffer").is_dir() and not (tmp_path / "m" / "buffer.partial").exists()

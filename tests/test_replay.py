@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -252,6 +253,99 @@ def test_torn_tail_is_dropped_on_open(tmp_path: Path) -> None:
     with ReplayBuffer.open(path, enc) as buf:
         assert len(buf) == 25 and buf.record(24).state == "new state 4"
         buf.check(sample=25)
+
+
+def test_interrupt_after_the_commit_replace_keeps_every_committed_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C after ``os.replace`` of commit.json but before the directory fsync: the batch is committed (the
+    record says so), so the data stays, the open buffer goes on consistently and the store reopens whole."""
+    from dreamgym.replay import files, store
+
+    path, enc = tmp_path / "b", HashingEncoder(32)
+    with ReplayBuffer.open(path, enc) as buf:
+        buf.add_embedded(records(20), clustered(20, 32, 0))
+
+        def interrupted(directory: Path) -> None:
+            raise KeyboardInterrupt
+
+        with monkeypatch.context() as m:
+            m.setattr(files, "fsync_dir", interrupted)
+            m.setattr(store, "fsync_dir", interrupted, raising=False)
+            with pytest.raises(KeyboardInterrupt):
+                buf.add_embedded(records(5, prefix="new"), clustered(5, 32, 1))
+        assert len(buf) == 25  # the commit record was replaced: the batch is in
+        buf.check(sample=25)
+        buf.add_embedded(records(5, prefix="after"), clustered(5, 32, 2))
+    with ReplayBuffer.open(path, enc) as buf:
+        assert len(buf) == 30
+        assert [buf.record(i).state for i in (0, 19, 24, 29)] == ["r state 0", "r state 19", "new state 4", "after state 4"]
+        assert buf.stats().lost_rows == 0
+        buf.check(sample=30)
+
+
+@pytest.mark.parametrize("point", ["fsync 1", "fsync 2", "fsync 3", "replace"])
+def test_interrupt_before_the_commit_replace_leaves_the_previous_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
+    """A failure anywhere before the commit record is replaced (the fsync of the records, of the embeddings, of
+    the record's temp file, or the rename itself) cuts the batch; the buffer goes on from the previous commit."""
+    path, enc = tmp_path / "b", HashingEncoder(32)
+    with ReplayBuffer.open(path, enc) as buf:
+        buf.add_embedded(records(20), clustered(20, 32, 0))
+        real_fsync, real_replace = os.fsync, os.replace
+        calls = {"n": 0}
+
+        def failing_fsync(fd: int) -> None:
+            calls["n"] += 1
+            if point == f"fsync {calls['n']}":
+                raise KeyboardInterrupt
+            real_fsync(fd)
+
+        def failing_replace(src: str, dst: str) -> None:
+            if Path(dst).name == "commit.json":
+                raise KeyboardInterrupt
+            real_replace(src, dst)
+
+        with monkeypatch.context() as m:
+            m.setattr(os, "fsync", failing_fsync)
+            if point == "replace":
+                m.setattr(os, "replace", failing_replace)
+            with pytest.raises(KeyboardInterrupt):
+                buf.add_embedded(records(5, prefix="new"), clustered(5, 32, 1))
+        assert len(buf) == 20
+        assert (path / "records.jsonl").stat().st_size == buf.store.records_bytes  # the batch was cut
+        buf.add_embedded(records(5, prefix="after"), clustered(5, 32, 2))
+    with ReplayBuffer.open(path, enc) as buf:
+        assert len(buf) == 25 and buf.record(24).state == "after state 4"
+        buf.check(sample=25)
+
+
+def test_a_commit_record_ahead_of_the_data_is_repaired_counted_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What an interrupted commit left before this was fixed (data cut back under a replaced record), or damage:
+    the store opens with the rows both files hold whole, logs and counts the committed rows it lost."""
+    path, enc = tmp_path / "b", HashingEncoder(32)
+    with ReplayBuffer.open(path, enc) as buf:
+        buf.add_embedded(records(20), clustered(20, 32, 0))
+    commit = json.loads((path / "commit.json").read_text())
+    (path / "commit.json").write_text(json.dumps({"rows": commit["rows"] + 5, "records_bytes": commit["records_bytes"] + 999}))
+    with ReplayBuffer.open(path, enc, read_only=True) as reader, caplog.at_level(logging.WARNING):
+        assert len(reader) == 20 and reader.stats().lost_rows == 5
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), ReplayBuffer.open(path, enc) as buf:
+        assert len(buf) == 20 and buf.stats().lost_rows == 5
+        buf.check(sample=20)
+        buf.add_embedded(records(5, prefix="new"), clustered(5, 32, 1))
+    assert any("ahead of the data" in r.getMessage() for r in caplog.records)
+    with (path / "embeddings.f32").open("r+b") as f:  # embeddings short by two rows: the records are cut too
+        f.truncate(23 * 32 * 4)
+    with ReplayBuffer.open(path, enc) as buf:
+        assert len(buf) == 23 and buf.stats().lost_rows == 2 and buf.record(22).state == "new state 2"
+        buf.check(sample=23)
+    with ReplayBuffer.open(path, enc) as buf:  # repaired on disk: nothing more to repair
+        assert len(buf) == 23 and buf.stats().lost_rows == 0
 
 
 @pytest.mark.parametrize("config", [IVF, HNSW], ids=["ivf", "hnsw"])

@@ -16,6 +16,15 @@ split has tasks, or several noisy seeds); identical pairs are kept once.
 
 Training is TRL's ``DPOTrainer`` (loss −log σ(β[(log π_c − log π_ref,c) − (log π_r − log π_ref,r)])) from a
 behaviour-cloning run dir, with a frozen copy of that policy as the reference.
+
+Long pairs. TRL's ``max_length`` bounds prompt + completion, and TRL (1.x; there is no separate prompt limit)
+truncates with ``truncation_mode="keep_start"``: the sequence is cut at the right, so a long pair loses the end
+of its completion (the closing ``</action>`` and EOS), never its prompt; a pair whose prompt alone fills
+``max_length`` would keep no completion token, and ``DPOTrainer`` silently filters it out of the dataset.
+:func:`check_pair_lengths` tokenizes the pairs as TRL does (chat template, completion after the common prefix)
+and counts both cases: pairs whose prompt alone is too long are left out here, visibly; pairs whose completion
+is cut are trained as TRL cuts them. Both counts are logged and reported in the summary
+(``pairs_prompt_too_long``, ``pairs_completion_cut``, with ``trained_pairs``).
 """
 
 from __future__ import annotations
@@ -59,13 +68,14 @@ class DPOTrainConfig(BaseModel):
     epochs: float = Field(default=3.0, gt=0)
     learning_rate: float = Field(default=1e-4, gt=0)
     batch_size: int = Field(default=16, ge=1)
-    max_length: int = Field(default=1024, ge=16, description="prompt + completion tokens; longer prompts are cut")
+    max_length: int = Field(default=1024, ge=16, description="prompt + completion tokens (TRL keeps the start: a "
+                            "longer completion is cut; a pair whose prompt alone fills it is left out; both counted)")
     logging_steps: int = Field(default=10, ge=1)
     seed: int = 0
     num_threads: int | None = Field(default=None, description="torch CPU threads (None: torch's default)")
 
 
-def _common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
+def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
@@ -101,6 +111,47 @@ def preference_pairs(trajs: Sequence[Trajectory], policy_cfg: PolicyConfig) -> l
     if unpaired:
         log.info("preference pairs: %d failed trajectories have no success of their task to pair with", unpaired)
     return pairs
+
+
+def _chat_ids(tokenizer: Any, messages: ChatMessages, add_generation_prompt: bool = False) -> list[int]:
+    out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
+                                        add_generation_prompt=add_generation_prompt)
+    return list(out["input_ids"])
+
+
+def pair_lengths(tokenizer: Any, pair: PreferencePair) -> tuple[int, int, int]:
+    """(prompt, chosen, rejected) token counts of a pair as TRL's ``DPOTrainer`` tokenizes it: the chat template
+    over the prompt (with the generation prompt) and over prompt + each completion; the completions start where
+    those diverge."""
+    prompt = _chat_ids(tokenizer, pair.prompt, add_generation_prompt=True)
+    chosen = _chat_ids(tokenizer, [*pair.prompt, {"role": "assistant", "content": pair.chosen}])
+    rejected = _chat_ids(tokenizer, [*pair.prompt, {"role": "assistant", "content": pair.rejected}])
+    n = min(_common_prefix(prompt, chosen), _common_prefix(prompt, rejected))
+    return n, len(chosen) - n, len(rejected) - n
+
+
+def check_pair_lengths(
+    tokenizer: Any, pairs: Sequence[PreferencePair], max_length: int
+) -> tuple[list[PreferencePair], dict[str, int]]:
+    """The pairs TRL can train within ``max_length`` and the counts of the long ones (module docstring): pairs
+    whose prompt alone has ``max_length`` tokens or more are left out (``prompt_too_long``); pairs kept whose
+    prompt + longer completion exceeds it have their completion cut by TRL (``completion_cut``). Logged."""
+    kept: list[PreferencePair] = []
+    counts = {"prompt_too_long": 0, "completion_cut": 0}
+    for pair in pairs:
+        prompt, chosen, rejected = pair_lengths(tokenizer, pair)
+        if prompt >= max_length:
+            counts["prompt_too_long"] += 1
+            continue
+        counts["completion_cut"] += prompt + max(chosen, rejected) > max_length
+        kept.append(pair)
+    if counts["prompt_too_long"]:
+        log.warning("DPO: %d of %d pairs left out: the prompt alone has max_length=%d tokens or more",
+                    counts["prompt_too_long"], len(pairs), max_length)
+    if counts["completion_cut"]:
+        log.warning("DPO: %d of %d pairs are longer than max_length=%d: TRL cuts the end of their completion",
+                    counts["completion_cut"], len(pairs), max_length)
+    return kept, counts
 
 
 # ------------------------------------------------------------------------------------------ metrics
@@ -169,6 +220,10 @@ def train_dpo(
     model = AutoModelForCausalLM.from_pretrained(init / "model")
     ref_model = AutoModelForCausalLM.from_pretrained(init / "model").eval().requires_grad_(False)
     margin_before = preference_margin(model, tokenizer, pairs)
+    trainable, lengths = check_pair_lengths(tokenizer, pairs, cfg.max_length)
+    if not trainable:
+        raise DataError(f"every one of the {len(pairs)} preference pairs has a prompt of max_length={cfg.max_length} "
+                        "tokens or more (raise max_length)")
 
     # TRL's conversational format: it renders prompt + assistant turn through the chat template, so the
     # completion tokens are the action target + EOS as in behaviour cloning (plus the template's newline after
@@ -176,7 +231,7 @@ def train_dpo(
     dataset = Dataset.from_list([
         {"prompt": p.prompt, "chosen": [{"role": "assistant", "content": p.chosen}],
          "rejected": [{"role": "assistant", "content": p.rejected}]}
-        for p in pairs
+        for p in trainable
     ])
     ckpt_dir = run / "checkpoints"  # + tensorboard logs in checkpoints/runs
     args = DPOConfig(
@@ -211,6 +266,9 @@ def train_dpo(
         "real_transitions": sum(t.num_steps for t in trajs),
         "trajectories": len(trajs),
         "pairs": len(pairs),
+        "trained_pairs": len(trainable),
+        "pairs_prompt_too_long": lengths["prompt_too_long"],
+        "pairs_completion_cut": lengths["completion_cut"],
         "epochs": trainer.state.epoch,
         "steps": trainer.state.global_step,
         "train_loss": result.training_loss,

@@ -63,7 +63,8 @@ def dpo_cmd(
     cfg = DPOTrainConfig(beta=beta, epochs=epochs, learning_rate=lr, batch_size=batch_size, seed=seed,
                          num_threads=threads)
     summary = train_dpo(data, init, out, cfg)
-    keys = ("pairs", "real_transitions", "epochs", "train_loss", "margin_before", "margin_after", "seconds")
+    keys = ("pairs", "real_transitions", "epochs", "train_loss", "margin_before", "margin_after", "seconds",
+            "pairs_prompt_too_long", "pairs_completion_cut")
     console.print(f"saved the DPO policy to {out}")
     print(json.dumps({k: summary[k] for k in keys}))
 

@@ -149,7 +149,7 @@ def train_exp(
     batch_size: int | None = typer.Option(None, min=1, help="examples per step"),
     time_budget: float | None = typer.Option(None, help="stop after this many seconds in all (the buffer, "
                                              "examples and tokenizer included)"),
-    max_length: int | None = typer.Option(None, min=16, help="tokens per example (prompt cut from the left)"),
+    max_length: int | None = typer.Option(None, min=16, help="tokens per example (a long prompt loses neighbours, then history, then state lines)"),
     threads: int | None = typer.Option(None, min=1, help="torch CPU threads"),
     snapshot_every: float | None = typer.Option(None, help="keep a loadable snapshot every this many seconds"),
     seed: int | None = typer.Option(None, help="seed (shuffle, mixture, initialisation)"),

@@ -214,25 +214,20 @@ Answer with this JSON object only:
 RETRY_SEED_STRIDE = 100_003  # attempt a samples prompt i with seed + a * stride + i: never a seed reused
 
 
-@dataclass
-class TeacherConfig:
+class TeacherConfig(BaseModel):
     """How the teacher is asked. ``retries``: extra attempts (new seed each) after a malformed answer."""
 
-    max_new_tokens: int = 2048
+    model_config = ConfigDict(extra="forbid")
+
+    max_new_tokens: int = Field(default=2048, ge=1)
     temperature: float = 0.7  # > 0 so that a retry with another seed gives another answer
     top_p: float = 0.95
-    retries: int = 2
+    retries: int = Field(default=2, ge=0)
     seed: int = 0
-    batch_size: int = 16  # trajectories per generate() call
+    batch_size: int = Field(default=16, ge=1)  # trajectories per generate() call
     max_state_chars: int | None = 1500  # each state in the prompt is cut at whole lines to this length
     max_reasoning_chars: int | None = 600  # each transition plan is cut to this length
     fallback: Literal["rule", "empty"] = "rule"  # "rule": the env's explainer where it has one
-
-    def __post_init__(self) -> None:
-        if self.retries < 0 or self.batch_size < 1 or self.max_new_tokens < 1:
-            raise ValueError("teacher config: retries >= 0, batch_size >= 1 and max_new_tokens >= 1 are required")
-        if self.fallback not in ("rule", "empty"):
-            raise ValueError(f"teacher config: fallback must be 'rule' or 'empty', got {self.fallback!r}")
 
 
 class TaskTutorial(BaseModel):

@@ -14,6 +14,7 @@ buffer (the paper's co-evolving buffer), tagged with the pool's current ``iterat
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -46,6 +47,9 @@ class InitialStates:
 
     def __call__(self, task: Task) -> str:
         return self.by_task.get(task.task_id, self.by_task.get(task.parent_id or "", self.default))
+
+
+_EPISODES = itertools.count()  # dream episodes begun in this process
 
 
 class DreamEnv(TextEnv):
@@ -82,7 +86,8 @@ class DreamEnv(TextEnv):
             raise ValueError("dream env: reset needs a task (none given and the split has none)")
         self.task = task
         self.history, self.transitions = [], []
-        self.traj_id = f"dream-{int(self.np_random.integers(2**62)):016x}"  # reproducible from the reset seed
+        # reproducible from the reset seed, and unique although a GRPO group resets G envs with one seed
+        self.traj_id = f"dream-{int(self.np_random.integers(2**62)):016x}-{next(_EPISODES)}"
         state = self.initial_state(task)
         return state, {"admissible_actions": self._admissible(state)}
 
@@ -91,10 +96,10 @@ class DreamEnv(TextEnv):
         state = self._last_obs
         if self.grammar is not None and self.grammar.action_valid_for_state(state, action) is False:
             return None
-        window = self.model.protocol.history_window
-        history = self.history[-window:] if window else []
         assert self.task is not None
-        return ExperienceQuery(self.task.instruction, list(history), [], state, action)
+        # The whole history: the protocol shows the last ``history_window`` steps numbered from the episode's
+        # start, as training prompts (ExperienceQuery.at_step) do.
+        return ExperienceQuery(self.task.instruction, list(self.history), [], state, action)
 
     def set_prediction(self, prediction: ExperiencePrediction) -> None:
         """Hand in a prediction made in a batch (``DreamEnvPool``); the next ``step`` uses it."""
@@ -106,6 +111,7 @@ class DreamEnv(TextEnv):
         if query is None:
             self._pending = None
             invalid = {"admissible_actions": self._last_info.get("admissible_actions", []), "invalid_action": True}
+            self.history.append((state, action))  # a step of the episode, in the history as in training's
             self._record(state, action, state, 0.0, False, invalid)
             return state, 0.0, False, invalid
         prediction = self._pending or self.model.predict([query])[0]

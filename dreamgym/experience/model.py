@@ -33,6 +33,7 @@ from dreamgym.experience.protocol import (
     build_messages,
     build_prompt_text,
     failure_prediction,
+    fit_prompt,
     parse_output,
 )
 from dreamgym.llm.base import LLM, LLMConfig, Prompt, SamplingParams
@@ -65,7 +66,7 @@ class ExperienceConfig(BaseModel):
 
     @classmethod
     def from_protocol(cls, protocol: ProtocolConfig, **kwargs: Any) -> ExperienceConfig:
-        return cls(protocol=dataclasses.asdict(protocol), **kwargs)
+        return cls(protocol=protocol.model_dump(), **kwargs)
 
 
 def save_experience_config(model_dir: str | os.PathLike[str], cfg: ExperienceConfig) -> None:
@@ -73,8 +74,14 @@ def save_experience_config(model_dir: str | os.PathLike[str], cfg: ExperienceCon
 
 
 def neighbours_of(hits: Sequence[Any]) -> list[Neighbour]:
-    """Replay-buffer hits (anything with state, action, next_state, reward, done) as prompt neighbours."""
-    return [Neighbour(h.state, h.action, h.next_state, float(h.reward), bool(h.done)) for h in hits]
+    """Replay-buffer hits (anything with state, action, next_state, reward, done and optionally info) as prompt
+    neighbours. ``done`` shows real endings only, like the targets (:func:`~dreamgym.experience.protocol.terminated`):
+    a step cut by the step limit is stored with done=True and ``info["truncated"]``, and is shown with d=0."""
+    return [
+        Neighbour(h.state, h.action, h.next_state, float(h.reward),
+                  bool(h.done) and not (getattr(h, "info", None) or {}).get("truncated", False))
+        for h in hits
+    ]
 
 
 class ExperienceModel:
@@ -132,9 +139,10 @@ class ExperienceModel:
         return build_messages(query, protocol) if self.cfg.chat else build_prompt_text(query, protocol)
 
     def fit_context(self, query: ExperienceQuery, prompt: Prompt) -> Prompt | None:
-        """``prompt``, or a shorter one when it and ``max_new_tokens`` exceed a local model's context: without
-        the retrieved neighbours, then without history, then with the state cut to fewer lines (counted in
-        ``shortened_prompts``, logged). None if even that does not fit. Remote backends check for themselves."""
+        """``prompt``, or a shorter one when it and ``max_new_tokens`` exceed a local model's context (by
+        :func:`~dreamgym.experience.protocol.fit_prompt`, the rule SFT truncates by: neighbours first, then history,
+        oldest first, then state lines; counted in ``shortened_prompts``, logged). None if even that does not fit.
+        Remote backends check for themselves."""
         limit = getattr(self.llm, "max_length", None)
         encode = getattr(self.llm, "encode", None)
         if limit is None or encode is None:
@@ -142,18 +150,11 @@ class ExperienceModel:
         budget = limit - self.cfg.max_new_tokens
         if len(encode(prompt)) <= budget:
             return prompt
-        state_chars = self.protocol.max_state_chars or len(query.state)
-        candidates = [dataclasses.replace(self.protocol, k=0), dataclasses.replace(self.protocol, k=0, history_window=0)]
-        while state_chars > 100:
-            state_chars //= 2
-            candidates.append(dataclasses.replace(self.protocol, k=0, history_window=0, max_state_chars=state_chars))
-        for protocol in candidates:
-            shorter = self.prompt(query, protocol)
-            if len(encode(shorter)) <= budget:
-                self.shortened_prompts += 1
-                log.warning("experience model: prompt too long for the context (%d tokens); shortened", limit)
-                return shorter
-        return None
+        shorter, _ = fit_prompt(query, self.protocol, self.cfg.chat, lambda p: len(encode(p)), budget)
+        if shorter is not None:
+            self.shortened_prompts += 1
+            log.warning("experience model: prompt too long for the context (%d tokens); shortened", limit)
+        return shorter
 
     # ----------------------------------------------------------------------------------------- predict
 

@@ -59,9 +59,11 @@ import logging
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from dreamgym.envs.base import TRUNCATION_MARK, Element
 from dreamgym.types import ExperiencePrediction
@@ -107,7 +109,8 @@ class Neighbour:
 
     @classmethod
     def from_transition(cls, t: Transition) -> Neighbour:
-        return cls(t.state, t.action, t.next_state, t.reward, t.done)
+        """``done`` is :func:`terminated`, as in the targets: a step-limit cut is not shown as an ending."""
+        return cls(t.state, t.action, t.next_state, t.reward, terminated(t))
 
 
 @dataclass
@@ -140,28 +143,21 @@ DEFAULT_SYSTEM_PROMPT = (
 THINK_INSTRUCTION = "First write <think>brief reasoning about the action's effect</think>. "
 
 
-@dataclass
-class ProtocolConfig:
+class ProtocolConfig(BaseModel):
     """What the prompt shows and what the target holds. The defaults suit both the tiny and the 7B model."""
 
-    history_window: int = 3  # previous steps shown; 0 = the "without history" ablation
+    model_config = ConfigDict(extra="forbid")
+
+    history_window: int = Field(default=3, ge=0)  # previous steps shown; 0 = the "without history" ablation
     history_states: bool = False  # show previous states too (costly), or only previous actions
-    k: int = 2  # retrieved neighbours shown; 0 = the "without replay" ablation
+    k: int = Field(default=2, ge=0)  # retrieved neighbours shown; 0 = the "without replay" ablation
     neighbour_states: bool = True  # show each neighbour's state, or only its action, next state and outcome
     reasoning: bool = True  # False = the "without reasoning" ablation: no <think> block in the target
-    max_state_chars: int | None = 1200  # limit for the current (and history) states; None = no limit
-    max_neighbour_chars: int | None = 600  # limit for each neighbour's state and next state (a shop item page
-    # is up to ~540 characters; a cut next state is no longer something to copy)
+    max_state_chars: int | None = Field(default=1200, ge=1)  # limit for the current (and history) states; None = no limit
+    max_neighbour_chars: int | None = Field(default=600, ge=1)  # limit for each neighbour's state and next state (a
+    # shop item page is up to ~540 characters; a cut next state is no longer something to copy)
     system_prompt: str | None = None  # None: DEFAULT_SYSTEM_PROMPT for this config; "" = no system text
     ground_action: bool = True  # add a TARGET line: the state element the action names (see action_target)
-
-    def __post_init__(self) -> None:
-        if self.history_window < 0 or self.k < 0:
-            raise ValueError(f"history_window and k must be >= 0 (got {self.history_window}, {self.k})")
-        for name in ("max_state_chars", "max_neighbour_chars"):
-            limit = getattr(self, name)
-            if limit is not None and limit < 1:
-                raise ValueError(f"{name} must be >= 1 or None (got {limit})")
 
     def system_text(self) -> str:
         if self.system_prompt is not None:
@@ -280,6 +276,48 @@ def build_prompt_text(query: ExperienceQuery, cfg: ProtocolConfig) -> str:
     system = cfg.system_text()
     user = build_user_text(query, cfg)
     return f"{system}\n\n{user}\n" if system else f"{user}\n"
+
+
+MIN_STATE_CHARS = 100  # the state is cut no shorter than this when a prompt is fitted to a token budget
+
+
+def shorter_layouts(query: ExperienceQuery, cfg: ProtocolConfig) -> Iterator[ProtocolConfig]:
+    """Ever shorter prompt layouts for ``query``, for a prompt over its token budget: the neighbours dropped one at
+    a time (the least similar first), then the history one step at a time (the oldest first; the steps left keep
+    their numbers), then the state cut to fewer whole lines (its character limit halved, down to
+    :data:`MIN_STATE_CHARS`). The system text and the TASK, ACTION and TARGET lines are never cut."""
+    for k in range(min(cfg.k, len(query.retrieved)) - 1, -1, -1):
+        yield cfg.model_copy(update={"k": k})
+    for window in range(min(cfg.history_window, len(query.history)) - 1, -1, -1):
+        yield cfg.model_copy(update={"k": 0, "history_window": window})
+    chars = min(cfg.max_state_chars or len(query.state), len(query.state.strip()))
+    while chars > MIN_STATE_CHARS:
+        chars //= 2
+        yield cfg.model_copy(update={"k": 0, "history_window": 0, "max_state_chars": chars})
+
+
+def fit_prompt(
+    query: ExperienceQuery, cfg: ProtocolConfig, chat: bool, count_tokens: Callable[[Any], int], budget: int
+) -> tuple[str | list[dict[str, str]] | None, bool]:
+    """The prompt for ``query`` (chat messages or plain text) within ``budget`` tokens, and whether it had to be
+    shortened (by :func:`shorter_layouts`, the first that fits); None when not even the shortest fits.
+
+    The one truncation rule of M_exp prompts: SFT (``budget`` = ``max_length`` minus the target's tokens) and
+    inference (``budget`` = the context minus ``max_new_tokens``) both go through it, so a model is trained
+    on the shortened prompts it is later served.
+    """
+
+    def build(c: ProtocolConfig) -> str | list[dict[str, str]]:
+        return build_messages(query, c) if chat else build_prompt_text(query, c)
+
+    prompt = build(cfg)
+    if count_tokens(prompt) <= budget:
+        return prompt, False
+    for shorter in shorter_layouts(query, cfg):
+        prompt = build(shorter)
+        if count_tokens(prompt) <= budget:
+            return prompt, True
+    return None, True
 
 
 # ------------------------------------------------------------------------------------------ target

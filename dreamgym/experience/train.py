@@ -27,7 +27,7 @@ import random
 import shutil
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -41,9 +41,10 @@ from dreamgym.experience.protocol import (
     ProtocolConfig,
     build_messages,
     build_prompt_text,
+    fit_prompt,
     step_target,
 )
-from dreamgym.sft import SFTConfig, SFTExample, encode_prompt, train_sft
+from dreamgym.sft import SFTConfig, SFTExample, encode_prompt, prompt_budget, train_sft
 from dreamgym.types import DataError, Trajectory, read_trajectories
 
 if TYPE_CHECKING:
@@ -114,9 +115,16 @@ def exp_examples(
     With ``protocol_cfg.reasoning`` every step needs ``info["reasoning"]`` (a :class:`DataError` names the first
     trajectory without it). ``buffer`` (a :class:`~dreamgym.replay.ReplayBuffer`) supplies the top-k neighbours.
     """
+    return [ex for _, ex in exp_pairs(trajs, protocol_cfg, buffer, chat)]
+
+
+def exp_pairs(
+    trajs: Sequence[Trajectory], protocol_cfg: ProtocolConfig, buffer: Any | None = None, chat: bool = True
+) -> list[tuple[ExperienceQuery, SFTExample]]:
+    """:func:`exp_examples` with the query each example's prompt was built from (for :func:`fit_examples`)."""
     if protocol_cfg.reasoning:
         require_reasoning(trajs)
-    examples = []
+    pairs = []
     for traj, t, query in exp_queries(trajs, protocol_cfg, buffer):
         reasoning = traj.transitions[t].info.get(REASONING_KEY) if protocol_cfg.reasoning else None
         prompt = build_messages(query, protocol_cfg) if chat else build_prompt_text(query, protocol_cfg)
@@ -124,8 +132,43 @@ def exp_examples(
             target = step_target(traj, t, reasoning, protocol_cfg)
         except ValueError as e:
             raise DataError(f"trajectory {traj.traj_id} step {t}: {e}") from None
-        examples.append(SFTExample(prompt, target))
-    return examples
+        pairs.append((query, SFTExample(prompt, target)))
+    return pairs
+
+
+def fit_examples(
+    tokenizer: Any, pairs: Sequence[tuple[ExperienceQuery, SFTExample]], protocol_cfg: ProtocolConfig, chat: bool,
+    max_length: int,
+) -> tuple[list[SFTExample], dict[str, int]]:
+    """The examples with each prompt fitted to ``max_length`` minus its target's tokens by
+    :func:`~dreamgym.experience.protocol.fit_prompt`, the rule inference shortens prompts by (neighbours first,
+    then history, oldest first, then state lines; never the system text or the TASK line), instead of SFT's cut
+    from the left. Returns them and the counts: ``shortened_prompts`` (examples trained on a shortened prompt)
+    and ``unfit_prompts`` (examples left out because not even the shortest prompt fits; inference serves such a
+    step the failure state). Examples whose target alone exceeds ``max_length`` are kept for SFT to drop and count.
+    """
+    cache: dict[int, tuple[SFTExample | None, bool]] = {}  # mix() repeats example objects: fit each once
+    out: list[SFTExample] = []
+    counts = {"shortened_prompts": 0, "unfit_prompts": 0}
+    for query, ex in pairs:
+        if id(ex) not in cache:
+            budget = prompt_budget(tokenizer, ex.target, max_length)
+            if budget < 1:
+                cache[id(ex)] = (ex, False)
+            else:
+                prompt, shortened = fit_prompt(query, protocol_cfg, chat,
+                                               lambda p: len(encode_prompt(tokenizer, p)), budget)
+                cache[id(ex)] = (None if prompt is None else SFTExample(prompt, ex.target), shortened)
+        fitted, shortened = cache[id(ex)]
+        if fitted is None:
+            counts["unfit_prompts"] += 1
+            continue
+        counts["shortened_prompts"] += shortened
+        out.append(fitted)
+    if counts["shortened_prompts"] or counts["unfit_prompts"]:
+        log.warning("M_exp SFT: %d of %d prompts shortened to fit max_length=%d, %d left out (too long even "
+                    "shortened)", counts["shortened_prompts"], len(pairs), max_length, counts["unfit_prompts"])
+    return out, counts
 
 
 def read_training_data(paths: Sequence[str | os.PathLike[str]]) -> list[Trajectory]:
@@ -299,12 +342,14 @@ def train_experience_model(
         buffer = ReplayBuffer.open(partial if building else buffer_path, make_encoder(encoder))
         buffer.add_trajectories(trajs)
     try:
-        examples = exp_examples(trajs, protocol_cfg, buffer, chat=chat)
+        pairs = exp_pairs(trajs, protocol_cfg, buffer, chat=chat)
     finally:
         if buffer is not None:
             buffer.close()
     if building:
         os.replace(partial, buffer_path)
+    examples = [ex for _, ex in pairs]
+    query_of = {id(ex): query for query, ex in pairs}
     transitions = len(examples)
     if mixture:
         examples = mix(examples, step_kinds(trajs), mixture, seed)
@@ -315,6 +360,11 @@ def train_experience_model(
         lm, tokenizer = load_pretrained(model)
     # The time budget covers every stage: what the buffer, the examples and the tokenizer took comes off the
     # training's share (at least a second, so a run always trains a step and saves a model).
+    examples, fitting = fit_examples(tokenizer, [(query_of[id(ex)], ex) for ex in examples], protocol_cfg, chat,
+                                     sft_cfg.max_length)
+    if not examples:
+        raise DataError(f"no training prompt fits max_length={sft_cfg.max_length} tokens, even shortened "
+                        "(raise --max-length)")
     prep_s = time.monotonic() - t0
     sft_cfg = sft_cfg.after(prep_s)
     prompt_tokens = sum(len(encode_prompt(tokenizer, ex.prompt)) for ex in examples)
@@ -344,6 +394,9 @@ def train_experience_model(
         "transitions": transitions,
         "examples": last["examples"],
         "dropped_examples": last["dropped_examples"],
+        "shortened_prompts": fitting["shortened_prompts"],
+        "unfit_prompts": fitting["unfit_prompts"],
+        "cut_prompts": last["cut_prompts"],
         "prompt_tokens": prompt_tokens,
         "target_tokens": target_tokens,
         "steps": last["steps"],
@@ -351,7 +404,7 @@ def train_experience_model(
         "train_loss": last["train_loss"],
         "seconds": round(sum(r["seconds"] for r in runs), 1),
         "prep_seconds": round(prep_s, 1),
-        "protocol": asdict(protocol_cfg),
+        "protocol": protocol_cfg.model_dump(),
         "sft": sft_cfg.model_dump(),
         "chat": chat,
         "encoder": encoder if protocol_cfg.k > 0 else None,

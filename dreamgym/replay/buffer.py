@@ -58,6 +58,8 @@ class BufferStats(BaseModel):
     snapshot_rows: int
     exact_fallbacks: int
     disk_bytes: int
+    lost_rows: int = 0  # committed rows the data files no longer held when the buffer was opened (repaired)
+    torn_bytes: int = 0  # bytes of an uncommitted batch dropped when the buffer was opened
 
 
 class ReplayBuffer:
@@ -186,9 +188,13 @@ class ReplayBuffer:
         return fresh, keys
 
     def _commit(self, records: list[ReplayRecord], keys: list[bytes], embeddings: np.ndarray) -> None:
-        self.store.append(records, keys, embeddings)
-        self._subsets.clear()
-        self.index.add(embeddings)
+        rows = len(self.store)
+        try:
+            self.store.append(records, keys, embeddings)
+        finally:
+            if len(self.store) != rows:  # committed (even when the store then raised): index it
+                self._subsets.clear()
+                self.index.add(embeddings)
         if self.index.needs_snapshot():
             self.index.save(self.path)
 
@@ -400,6 +406,8 @@ class ReplayBuffer:
             snapshot_rows=self.index.snapshot_rows,
             exact_fallbacks=self.exact_fallbacks,
             disk_bytes=store.disk_bytes(),
+            lost_rows=store.lost_rows,
+            torn_bytes=store.torn_bytes,
         )
 
     def _sum_counts(self, axis: int) -> dict[int, int]:

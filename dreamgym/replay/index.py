@@ -28,12 +28,12 @@ import logging
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import faiss
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
 from dreamgym.replay.files import replace_durably, tmp_path
 
@@ -43,9 +43,10 @@ ADD_CHUNK = 65_536
 ApproximateKind = Literal["ivf", "hnsw"]
 
 
-@dataclass(frozen=True)
-class IndexConfig:
+class IndexConfig(BaseModel):
     """How the index is built and searched (not stored in the buffer: pass it on every open)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     exact_max_rows: int = 20_000
     approximate: ApproximateKind = "ivf"  # the index above exact_max_rows

@@ -8,10 +8,22 @@ Layout::
     commit.json      {"rows": n, "records_bytes": b}              replaced atomically after each batch
     lock             held (flock) by the one writer
 
-Commit protocol of a batch: append to both data files and fsync them, then write ``commit.json`` to a temp
-file, fsync it and ``os.replace`` it over the old one. Bytes past the committed sizes belong to a torn batch:
-a writer truncates them on open, a reader ignores them. A ``kill -9`` at any moment therefore loses at most
-the batch being written and never exposes half a record; readers may open a buffer while a writer appends.
+Commit protocol of a batch: (1) append to both data files and (2) fsync them, then (3) write ``commit.json``
+to a temp file and fsync it, (4) ``os.replace`` it over the old one, (5) fsync the directory. The replace is
+the commit point; what a failure leaves at each point:
+
+* before (4) (a kill, a Ctrl-C, a full disk): the old record stands. Bytes past the committed sizes belong to
+  a torn batch: the failing writer cuts them itself, a writer that opens later truncates them (logged), a
+  reader ignores them. The batch is lost, nothing else;
+* after (4), in (5): the new record is in place over data already fsynced, so the batch is committed and
+  stays (in the files and in the open store) and the exception propagates. (5) only makes the rename
+  survive a power cut; without it a power cut brings back the old record, i.e. the case above;
+* a record ahead of the data (what a Ctrl-C in (5) left before this was handled, or damage from outside):
+  the store opens with the rows both data files hold whole, a writer rewrites the record, and the committed
+  rows lost are logged and counted (``lost_rows``, in the buffer's stats).
+
+So a ``kill -9`` at any moment loses at most the batch being written and never exposes half a record; readers
+may open a buffer while a writer appends.
 
 Besides the files, the store keeps in memory what retrieval filters need (env, source and trajectory of each
 row as small integer codes), the byte offset of each record (records are read back with ``pread``) and the
@@ -21,6 +33,7 @@ exact-duplicate keys with the rows that hold them.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 from array import array
 from collections import Counter
@@ -30,10 +43,11 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from dreamgym.replay.files import fsync_dir, write_all, write_atomic
+from dreamgym.replay.files import fsync_dir, tmp_path, write_all, write_atomic
 from dreamgym.replay.record import ReplayRecord
 from dreamgym.types import DataError
 
+log = logging.getLogger(__name__)
 FORMAT = 1
 META, RECORDS, EMBEDDINGS, COMMIT, LOCK = "meta.json", "records.jsonl", "embeddings.f32", "commit.json", "lock"
 
@@ -117,6 +131,8 @@ class TransitionStore:
         self._emb_view: np.ndarray | None = None
         self._read_fd = -1
         self._rec_fd = self._emb_fd = -1
+        self.torn_bytes = 0  # bytes of an uncommitted batch dropped on open (writers)
+        self.lost_rows = 0  # committed rows the data files no longer held on open (see the module docstring)
 
     # ------------------------------------------------------------------------------------------ opening
 
@@ -170,20 +186,42 @@ class TransitionStore:
         commit = _read_model(commit_path, Commit) if commit_path.exists() else Commit()
         assert isinstance(commit, Commit)
         rec_path, emb_path = self.path / RECORDS, self.path / EMBEDDINGS
-        emb_bytes = commit.rows * self.meta.dim * 4
-        for p, need in ((rec_path, commit.records_bytes), (emb_path, emb_bytes)):
-            have = p.stat().st_size if p.exists() else 0
-            if have < need:
-                raise DataError(f"{p}: {have} bytes but {need} are committed (damaged outside dreamgym)")
+        row_bytes = self.meta.dim * 4
+        rec_have, emb_have = (p.stat().st_size if p.exists() else 0 for p in (rec_path, emb_path))
+        if rec_have < commit.records_bytes or emb_have < commit.rows * row_bytes:
+            commit = self._recover(rec_path, commit, rec_have, emb_have // row_bytes)
+        torn = 0
+        for p, have, need in ((rec_path, rec_have, commit.records_bytes), (emb_path, emb_have, commit.rows * row_bytes)):
             if have > need and not self.read_only:
-                # A batch that was being written when the last writer died: drop it.
+                # A batch that was being written when the last writer died (or one it could not cut): drop it.
                 os.truncate(p, need)
+                torn += have - need
+        if torn and not self.lost_rows:
+            self.torn_bytes = torn
+            log.info("%s: dropped %d bytes of an uncommitted batch", self.path, torn)
         if not self.read_only:
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
             self._rec_fd, self._emb_fd = os.open(rec_path, flags, 0o644), os.open(emb_path, flags, 0o644)
+            if self.lost_rows:
+                write_atomic(commit_path, commit.model_dump_json().encode())
             fsync_dir(self.path)
         self._read_fd = os.open(rec_path, os.O_RDONLY)
         self._scan(rec_path, commit)
+
+    def _recover(self, rec_path: Path, commit: Commit, rec_have: int, emb_rows: int) -> Commit:
+        """A commit record ahead of the data: the largest prefix of rows held whole by both files (and committed)."""
+        rows, records_bytes = 0, 0
+        limit = min(commit.rows, emb_rows)
+        if rows < limit and rec_have:
+            with rec_path.open("rb") as f:
+                for line in f:
+                    if rows == limit or records_bytes + len(line) > commit.records_bytes or not line.endswith(b"\n"):
+                        break
+                    rows, records_bytes = rows + 1, records_bytes + len(line)
+        self.lost_rows = commit.rows - rows
+        log.warning("%s: the commit record (%d rows) is ahead of the data; opening the %d rows held whole (%d "
+                    "committed rows lost)", self.path, commit.rows, rows, self.lost_rows)
+        return Commit(rows=rows, records_bytes=records_bytes)
 
     def _scan(self, rec_path: Path, commit: Commit) -> None:
         """Read the committed records once: validates every line and rebuilds the in-memory columns."""
@@ -245,19 +283,45 @@ class TransitionStore:
             return
         lines = [r.model_dump_json().encode() + b"\n" for r in records]
         data = b"".join(lines)
+        commit = Commit(rows=self.rows + len(records), records_bytes=self.records_bytes + len(data))
         try:
             write_all(self._rec_fd, data)
             write_all(self._emb_fd, np.ascontiguousarray(embeddings, dtype=np.float32).tobytes())
             os.fsync(self._rec_fd)
             os.fsync(self._emb_fd)
-            commit = Commit(rows=self.rows + len(records), records_bytes=self.records_bytes + len(data))
-            write_atomic(self.path / COMMIT, commit.model_dump_json().encode())
+            self._replace_commit(commit)
         except BaseException:
+            if self._committed_on_disk() == commit:  # failed after the replace: the batch is committed
+                self._index_batch(records, keys, lines)
+                raise
             # Nothing of this batch is committed: cut what reached the data files so the next batch
             # starts at the committed end (a failure here leaves it to the next open).
             os.ftruncate(self._rec_fd, self.records_bytes)
             os.ftruncate(self._emb_fd, self.rows * self.meta.dim * 4)
             raise
+        self._index_batch(records, keys, lines)
+        fsync_dir(self.path)  # the rename survives a power cut (a failure here leaves the batch committed)
+
+    def _replace_commit(self, commit: Commit) -> None:
+        """Steps (3) and (4) of the commit protocol: the new record in a temp file, fsynced, renamed over."""
+        path = self.path / COMMIT
+        tmp = tmp_path(path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            write_all(fd, commit.model_dump_json().encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+
+    def _committed_on_disk(self) -> Commit | None:
+        try:
+            commit = Commit.model_validate_json((self.path / COMMIT).read_bytes())
+        except (OSError, ValueError):
+            return None
+        return commit
+
+    def _index_batch(self, records: Sequence[ReplayRecord], keys: Sequence[bytes], lines: Sequence[bytes]) -> None:
         end = self.records_bytes
         for record, key, line in zip(records, keys, lines, strict=True):
             end += len(line)
