@@ -99,6 +99,18 @@ def test_gae_truncated_episode_bootstraps() -> None:
     close(adv, [0.403744, 0.5052, 0.66])
 
 
+def test_episode_gae_bootstraps_a_truncated_episode_only_when_given_v_t() -> None:
+    from dreamgym.rl.advantages import episode_gae
+
+    # γ = 0.9, λ = 0.8, r = (0, 1), V = (0.5, 0.8)
+    # V(s_T) = 2: δ1 = 1 + 0.9·2 − 0.8 = 2.0, A1 = 2.0; δ0 = 0.9·0.8 − 0.5 = 0.22, A0 = 0.22 + 0.72·2 = 1.66
+    adv, ret = episode_gae([0.0, 1.0], [0.5, 0.8], 0.9, 0.8, last_value=2.0)
+    assert adv == pytest.approx([1.66, 2.0]) and ret == pytest.approx([2.16, 2.8])
+    # terminal (the default, V_T = 0): δ1 = 1 − 0.8 = 0.2, A0 = 0.22 + 0.72·0.2 = 0.364
+    adv, ret = episode_gae([0.0, 1.0], [0.5, 0.8], 0.9, 0.8)
+    assert adv == pytest.approx([0.364, 0.2]) and ret == pytest.approx([0.864, 1.0])
+
+
 def test_gae_done_in_the_middle_stops_bootstrapping() -> None:
     # Episode 1 is step 0 alone (terminal): A0 = δ0 = 1 − 0.5 = 0.5, nothing from step 1 leaks in.
     # Episode 2 is steps 1–2: same numbers as above, A1 = 0.246, A2 = 0.3.
@@ -214,7 +226,39 @@ def test_policy_loss_clip_higher() -> None:
     assert stats["clip_frac"] == 0.5
 
 
+def test_dual_clip_caps_the_loss_of_negative_advantages_at_c() -> None:
+    # c = 3, ε = 0.2; ρ = (4, 2, 0.5, 4), A = (−1, −1, −1, +1):
+    # token 0: max(−Aρ, −A clip ρ) = max(4, 1.2) = 4, capped at −cA = 3 → 3 (zero gradient)
+    # token 1: max(2, 1.2) = 2 < 3 → 2, dℓ/dlogp = −Aρ = 2
+    # token 2: max(0.5, 0.8) = 0.8 (ordinary clip) → 0.8
+    # token 3: A > 0, no cap: max(−4, −1.2) = −1.2 (a cap applied to it would give −3)
+    # token-mean: (3 + 2 + 0.8 − 1.2) / 4 = 1.15; without dual-clip (4 + 2 + 0.8 − 1.2) / 4 = 1.4
+    old_logp = torch.zeros(1, 4)
+    logp = torch.log(torch.tensor([[4.0, 2.0, 0.5, 4.0]])).requires_grad_(True)
+    adv, mask = torch.tensor([[-1.0, -1.0, -1.0, 1.0]]), torch.ones(1, 4)
+    loss, stats = policy_loss(logp, old_logp, adv, mask, clip_ratio_c=3.0)
+    loss.backward()
+    assert loss.item() == pytest.approx(1.15, abs=1e-5)
+    assert logp.grad is not None
+    close(logp.grad, [[0.0, 0.5, 0.0, 0.0]])  # 2 / 4 tokens
+    assert stats["clip_frac_lower"] == 0.25
+    plain, plain_stats = policy_loss(logp, old_logp, adv, mask)
+    assert plain.item() == pytest.approx(1.4, abs=1e-5) and "clip_frac_lower" not in plain_stats
+    with pytest.raises(ValueError, match="clip_ratio_c must be > 1"):
+        policy_loss(logp, old_logp, adv, mask, clip_ratio_c=1.0)
+
+
 # ------------------------------------------------------------------------------------------ KL, value, entropy
+
+
+def test_k1_is_refused_as_a_kl_loss_but_stays_a_metric() -> None:
+    from dreamgym.rl.losses import check_kl_loss
+
+    with pytest.raises(ValueError, match=r"zero in expectation.*'k3'.*low_var_kl.*'k2'"):
+        check_kl_loss("k1")
+    check_kl_loss("k2")
+    check_kl_loss("k3")
+    close(kl_penalty(torch.tensor([-1.0]), torch.tensor([-1.5]), "k1"), [0.5])  # still computable as a metric
 
 
 def test_kl_estimators_hand_values() -> None:
@@ -295,6 +339,23 @@ def tiny_llama() -> torch.nn.Module:
         pad_token_id=0,
     )
     return LlamaForCausalLM(config).eval()
+
+
+def test_dropout_off_sets_eval_keeps_gradients_and_restores_each_mode() -> None:
+    from dreamgym.rl.losses import dropout_off
+
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5), torch.nn.Linear(4, 1))
+    net.train()
+    net[2].eval()  # a mixed state must come back as it was
+    x = torch.ones(8, 4)
+    restore = dropout_off(net, None)
+    assert not any(m.training for m in net.modules())
+    out = net(x)
+    torch.testing.assert_close(out, net(x))  # deterministic: dropout is off
+    out.sum().backward()
+    assert net[0].weight.grad is not None  # gradients still flow
+    restore()
+    assert [m.training for m in net.modules()] == [True, True, True, False]
 
 
 def test_sequence_logprobs_match_a_token_by_token_loop(tiny_llama: torch.nn.Module) -> None:

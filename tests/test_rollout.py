@@ -66,7 +66,7 @@ def test_groups_turns_and_exact_env_step_count(policy: LLMPolicy, pool: LocalEnv
     episodes = collect_rollouts(pool, policy, tasks, group_size=3, max_steps=3, seed=7, stats=stats)
     assert [e.group_id for e in episodes] == [0, 0, 0, 1, 1, 1]
     assert [e.task.task_id for e in episodes] == [tasks[0].task_id] * 3 + [tasks[1].task_id] * 3
-    assert len({e.seed for e in episodes}) == 6
+    assert [e.seed for e in episodes] == [7, 7, 7, 8, 8, 8]  # one reset seed per group
     for e in episodes:
         assert 1 <= e.env_steps <= 3 and e.done
         assert all(not t.done for t in e.turns[:-1])
@@ -94,6 +94,83 @@ def test_loss_mask_covers_exactly_the_response_and_logprobs_match_generation(
         logp = sequence_logprobs(llm.model, ids, batch["attention_mask"], temperature=policy.cfg.temperature)
     gap = ((logp - batch["old_logp"]).abs() * mask).max()
     assert float(gap) < 1e-4
+
+
+def test_a_grpo_group_shares_one_reset_seed_and_starts_from_one_state(policy: LLMPolicy, pool: LocalEnvPool) -> None:
+    tasks = pool.tasks("train")[:2]
+    episodes = collect_rollouts(pool, policy, tasks, group_size=3, max_steps=1, seed=7)
+    assert [e.seed for e in episodes] == [7, 7, 7, 8, 8, 8]
+    for group in (episodes[:3], episodes[3:]):
+        assert len({(e.turns[0].state, tuple(e.turns[0].admissible)) for e in group}) == 1
+    # the trajectories record the group's seed too
+    assert [e.to_trajectory().meta["seed"] for e in episodes] == [7, 7, 7, 8, 8, 8]
+
+
+def test_a_truncated_episode_keeps_its_final_state_and_the_critic_values_it(policy: LLMPolicy, pool: LocalEnvPool) -> None:
+    from dreamgym.agent.policy import build_agent_prompt
+    from dreamgym.rl.critic import Critic, truncated_values
+
+    episodes = collect_rollouts(pool, policy, pool.tasks("train")[:2], group_size=2, max_steps=2, seed=3)
+    assert any(e.final_obs is not None for e in episodes)  # an untrained policy mostly runs into the step limit
+    for e in episodes:
+        if e.turns[-1].terminated:
+            assert e.final_obs is None
+        else:
+            assert e.final_obs is not None and e.turns[-1].truncated
+            assert e.final_obs.state == e.turns[-1].next_state and len(e.final_obs.history) == len(e.turns)
+            assert e.final_obs.history[-1] == (e.turns[-1].state, e.turns[-1].action)
+    llm: Any = policy.llm
+    critic = Critic.from_policy(llm.model)
+    with torch.no_grad():
+        critic.value_head.weight.normal_()
+    values = truncated_values(critic, policy, episodes, llm.pad_id, micro_batch_size=1)
+    assert [v is None for v in values] == [e.final_obs is None for e in episodes]
+    i = next(i for i, e in enumerate(episodes) if e.final_obs is not None)
+    obs = episodes[i].final_obs
+    assert obs is not None
+    ids = torch.tensor([llm.encode(build_agent_prompt(obs, policy.cfg))])
+    with torch.no_grad():
+        expected = critic(ids, torch.ones_like(ids)).item()
+    assert values[i] == pytest.approx(expected, abs=1e-5)
+
+
+def test_with_dropout_the_first_ratio_of_an_update_is_exactly_one(micro_dir: Path, pool: LocalEnvPool) -> None:
+    """Old and new log-probs (and values) are computed with dropout off, whatever mode the model is in."""
+    import numpy as np
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dreamgym.rl.critic import Critic
+    from dreamgym.rl.trainer import RLConfig, critic_values, update
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(micro_dir, attention_dropout=0.1)
+    llm = HFLLM(model.eval(), AutoTokenizer.from_pretrained(micro_dir))
+    policy = LLMPolicy(llm, PolicyConfig(max_new_tokens=8))
+    rows = turn_rows(collect_rollouts(pool, policy, pool.tasks("train")[:2], group_size=2, max_steps=2, seed=0))
+    batch = collate(rows, llm.pad_id)
+    with torch.no_grad():  # exact behaviour log-probs: the dropout-free full forward (generation's cache aside)
+        exact = sequence_logprobs(model, batch["input_ids"], batch["attention_mask"])
+    for i, row in enumerate(rows):
+        row.old_logprobs = exact[i][batch["mask"][i] > 0].tolist()
+        row.advantage = 1.0 if i % 2 else -1.0
+    critic = Critic.from_policy(model)
+    with torch.no_grad():
+        critic.value_head.bias.fill_(0.5)
+        critic.value_head.weight.normal_()
+    values = critic_values(critic, rows, llm.pad_id, 4)
+    assert critic_values(critic, rows, llm.pad_id, 4) == values  # no dropout noise in V(s_t)
+    for row, v in zip(rows, values, strict=True):
+        row.old_value, row.ret = v, v + 1.0
+    model.train()  # the mode a caller left it in is restored afterwards
+    cfg = RLConfig(algo="ppo", minibatch_size=1000, micro_batch_size=1000, lr=1e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=1e-3)
+    stats = update(model, None, critic, optimizer, critic_optimizer, rows, cfg, llm.pad_id, 8, np.random.default_rng(0))
+    tokens = sum(len(r.response_ids) for r in rows)
+    assert stats["logp_behaviour_gap"] * tokens < 1e-6  # max |log ρ| < 1e-6 on the first (only) micro-batch
+    assert abs(stats["ratio_max"] - 1.0) < 1e-6 and abs(stats["ratio_mean"] - 1.0) < 1e-6
+    assert stats["clip_frac"] == 0.0
+    assert model.training and not critic.training
 
 
 def test_invalid_action_penalty_is_applied_to_the_rl_reward_only(policy: LLMPolicy, pool: LocalEnvPool) -> None:

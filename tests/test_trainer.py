@@ -87,7 +87,9 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 def test_grpo_iteration_updates_the_policy_and_counts_real_transitions(sft_run: Path, tmp_path: Path) -> None:
     before = CountingShop.steps_taken
-    summary = train(config(sft_run, algo="grpo", kl_coef=0.02), tmp_path / "run")
+    # The episodes of a group share their reset seed, so only the sampler tells them apart, and this policy writes
+    # a valid action only now and then: seed 1 is a run whose first iteration has a group with a signal.
+    summary = train(config(sft_run, algo="grpo", kl_coef=0.02, seed=1), tmp_path / "run")
     env_steps = CountingShop.steps_taken - before
     rollouts = list(read_jsonl(tmp_path / "run" / "rollouts" / "iter_00001.jsonl"))
     assert len(rollouts) == 8 and summary["real_transitions"] == sum(t.num_steps for t in rollouts)
@@ -207,6 +209,67 @@ def test_grpo_episode_turn_weighting_gives_every_episode_equal_weight() -> None:
     grpo_advantages(eps, rows, normalize_std=False, turn_weighting="episode")
     # scaled by mean_turns / turns: 2/1 for the success, 2/3 for the failure -> summed weight +1.0 vs -1.0
     assert [r.advantage for r in rows] == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3])
+
+
+def test_config_refuses_truncated_sampling_and_a_k1_kl_loss() -> None:
+    assert (RLConfig().top_p, RLConfig().top_k, RLConfig().bootstrap_truncated, RLConfig().clip_ratio_c) == (
+        1.0, None, False, None)
+    RLConfig(top_k=0)  # 0 = off
+    with pytest.raises(ValueError, match=r"on-policy RL samples with top_p=1\.0"):
+        RLConfig(top_p=0.9)
+    with pytest.raises(ValueError, match=r"on-policy RL samples with top_p=1\.0"):
+        RLConfig(top_k=40)
+    with pytest.raises(ValueError, match=r"'k1' cannot be the KL loss.*'k3'.*'k2'"):
+        RLConfig(kl_estimator="k1", kl_coef=0.02)
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        RLConfig(clip_ratio_c=0.5)
+
+
+def test_a_saved_top_p_below_one_is_overridden_for_rl(
+    sft_run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import shutil
+
+    nucleus = tmp_path / "nucleus"
+    shutil.copytree(sft_run, nucleus)
+    policy_cfg = PolicyConfig.model_validate_json((nucleus / "policy.json").read_text())
+    (nucleus / "policy.json").write_text(policy_cfg.model_copy(update={"top_p": 0.5}).model_dump_json())
+    with caplog.at_level("WARNING", logger="dreamgym.agent.policy"):
+        train(config(sft_run, init=str(nucleus), eval_at_start=False, eval_episodes=1), tmp_path / "run")
+    assert PolicyConfig.model_validate_json((tmp_path / "run" / "policy.json").read_text()).top_p == 1.0
+    assert any("top_p=0.5 is replaced by top_p=1" in r.getMessage() for r in caplog.records)
+
+
+def test_ppo_bootstraps_truncated_episodes_with_the_critic_when_asked() -> None:
+    from dreamgym.rl.rollout import Episode, Turn
+    from dreamgym.rl.trainer import TurnRow, ppo_advantages
+    from dreamgym.types import Task
+
+    e = Episode(task=Task(task_id="t", instruction="x"), group_id=0, seed=0, source="real")
+    for r in (0.0, 1.0):  # two turns, cut by the step limit after the second
+        e.turns.append(Turn("s", [], [1], [2], [0.0], "", "a", True, "s2", r, r, False, r == 1.0, {}))
+    rows = [TurnRow([1], [2], [0.0], old_value=v) for v in (0.5, 0.8)]
+    cfg = RLConfig(algo="ppo", gamma=0.9, lam=0.8, normalize_advantages=False, group_size=1)
+    ppo_advantages([e], rows, cfg)  # default: the cut is terminal, V_T = 0
+    assert [r.advantage for r in rows] == pytest.approx([0.364, 0.2]) and rows[1].ret == pytest.approx(1.0)
+    ppo_advantages([e], rows, cfg, [2.0])  # V(s_T) = 2: A1 = 1 + 0.9·2 − 0.8 = 2, A0 = 0.22 + 0.72·2 = 1.66
+    assert [r.advantage for r in rows] == pytest.approx([1.66, 2.0]) and rows[1].ret == pytest.approx(2.8)
+    ppo_advantages([e], rows, cfg, [None])  # a terminal episode in a bootstrapped batch
+    assert [r.advantage for r in rows] == pytest.approx([0.364, 0.2])
+
+
+def test_ppo_run_with_bootstrap_and_dual_clip_then_a_resume_with_another_horizon_warns(
+    sft_run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = tmp_path / "run"
+    cfg = config(sft_run, algo="ppo", minibatch_size=8, bootstrap_truncated=True, clip_ratio_c=3.0,
+                 eval_at_start=False, eval_episodes=1)
+    train(cfg, run)
+    assert "clip_frac_lower" in metrics(run)[0]
+    with caplog.at_level("WARNING", logger="dreamgym.rl.critic"):
+        train(cfg.model_copy(update={"iterations": 2, "max_steps": 3}), run, resume=True)
+    assert any("max_steps=4 but this run uses max_steps=3" in r.getMessage() for r in caplog.records)
+    assert [m["iteration"] for m in metrics(run)] == [1, 2]
 
 
 def test_a_run_whose_every_action_is_invalid_warns(sft_run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -26,6 +26,7 @@ RL: nothing is re-tokenised between acting and training.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Sequence
@@ -36,6 +37,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from dreamgym.llm.base import LLM, ChatMessages, SamplingParams
+
+log = logging.getLogger(__name__)
 
 ACTION_OPEN, ACTION_CLOSE = "<action>", "</action>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -146,6 +149,20 @@ def parse_action(text: str) -> str | None:
     after_think = text.rsplit(THINK_CLOSE, 1)[-1]
     found = _BRACKET_ACTION.findall(after_think)
     return found[-1].strip() if found else None
+
+
+def on_policy_config(
+    cfg: PolicyConfig, temperature: float, invalid_action_penalty: float, top_p: float = 1.0
+) -> PolicyConfig:
+    """``cfg`` with an on-policy RL run's sampling: its temperature and penalty, and ``top_p`` (1.0: RL config
+    validation refuses anything else). A policy cloned with ``top_p < 1`` samples from a truncated
+    distribution, while the loss scores the tokens under the full softmax, so keeping the saved value would
+    bias every policy gradient; overriding it is logged."""
+    if cfg.top_p != top_p:
+        log.warning("policy sampling: the loaded policy's top_p=%g is replaced by top_p=%g for on-policy RL (the "
+                    "loss scores tokens under the untruncated distribution)", cfg.top_p, top_p)
+    return cfg.model_copy(update={"temperature": temperature, "invalid_action_penalty": invalid_action_penalty,
+                                  "top_p": top_p})
 
 
 class LLMPolicy:

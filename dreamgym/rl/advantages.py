@@ -137,6 +137,29 @@ def gae(rewards: Tensor, values: Tensor, dones: Tensor, gamma: float, lam: float
     return advantages, returns
 
 
+def episode_gae(
+    rewards: Sequence[float], values: Sequence[float], gamma: float, lam: float, last_value: float | None = None
+) -> tuple[list[float], list[float]]:
+    """Turn-level GAE of one episode: per-turn advantages and λ-returns.
+
+    ``values`` are V(s_0..s_{T-1}). ``last_value=None`` treats the end as terminal (V_T = 0): right for a
+    success or failure, and for a step-limit cut too when the limit is part of the state (dreamgym's prompt shows
+    the step number and every episode of a run has the same ``max_steps``). A float is V(s_T), the critic's
+    value of the state the episode was cut at: the last target becomes r_{T-1} + γ V(s_T) (a truncated, not
+    terminated, episode; ``RLConfig.bootstrap_truncated``).
+    """
+    n = len(rewards)
+    if len(values) != n:
+        raise ValueError(f"{n} rewards but {len(values)} values")
+    bootstrap = 0.0 if last_value is None else float(last_value)
+    dones = torch.zeros(n, dtype=torch.float64)
+    if n and last_value is None:
+        dones[-1] = 1.0
+    advantages, returns = gae(torch.tensor(list(rewards), dtype=torch.float64),
+                              torch.tensor([*values, bootstrap], dtype=torch.float64), dones, gamma, lam)
+    return advantages.tolist(), returns.tolist()
+
+
 def broadcast_turn_values(turn_values: Tensor, turn_ids: Tensor) -> Tensor:
     """Spread one value per turn onto that turn's response tokens: out[b, l] = turn_values[b, turn_ids[b, l]].
 
@@ -156,4 +179,4 @@ def broadcast_turn_values(turn_values: Tensor, turn_ids: Tensor) -> Tensor:
     return torch.where(is_response, gathered, torch.zeros_like(gathered))
 
 
-__all__ = ["GroupIds", "broadcast_turn_values", "gae", "group_advantages", "reward_variance"]
+__all__ = ["GroupIds", "broadcast_turn_values", "episode_gae", "gae", "group_advantages", "reward_variance"]

@@ -3,19 +3,28 @@
 The critic is a copy of the policy's transformer trunk (the usual LLM-PPO choice, as in verl: same
 architecture, initialised from the policy) with a scalar head, zero-initialised so that every value starts at
 0 and the first advantages are the plain returns. It sees the turn's prompt only (task, history, current
-state), which is the state the policy is about to act in.
+state), which is the state the policy is about to act in. It is kept in eval mode (dropout off; gradients
+still flow), so that its rollout-time values and the values its update starts from agree.
+
+Horizon. The prompt shows the step number but not the step limit, so the values a critic learns near the end of
+an episode hold for the ``max_steps`` it was trained with; :func:`check_horizon` warns when a run continues
+from one trained with another.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_model, save_model
 from torch import Tensor, nn
+
+log = logging.getLogger(__name__)
 
 
 class Critic(nn.Module):
@@ -30,8 +39,8 @@ class Critic(nn.Module):
     def from_policy(cls, policy_model: Any) -> Critic:
         """A critic whose trunk is a copy of ``policy_model``'s base transformer (no LM head)."""
         trunk = copy.deepcopy(policy_model.base_model)
-        trunk.train()
-        return cls(trunk, int(policy_model.config.hidden_size))
+        # eval: dropout off, so values at rollout time and in the update come from the same function
+        return cls(trunk, int(policy_model.config.hidden_size)).eval()
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """One value per row, at its last real token ([B, L] right- or left-padded ids -> [B])."""
@@ -50,4 +59,53 @@ class Critic(nn.Module):
         load_model(self, str(Path(path)))
 
 
-__all__ = ["Critic"]
+@torch.no_grad()
+def truncated_values(critic: Critic, policy: Any, episodes: Sequence[Any], pad_id: int,
+                     micro_batch_size: int = 32) -> list[float | None]:
+    """V(s_T) of each episode cut by the step limit at a non-terminal state (its ``final_obs``, prompted as the
+    policy would have seen it), None for the episodes that ended in a terminal state."""
+    from dreamgym.agent.policy import build_agent_prompt
+
+    cut = [i for i, e in enumerate(episodes) if e.final_obs is not None]
+    prompts = [policy.llm.encode(build_agent_prompt(episodes[i].final_obs, policy.cfg)) for i in cut]
+    out: list[float | None] = [None] * len(episodes)
+    restore_eval = critic.training
+    critic.eval()
+    for start in range(0, len(cut), micro_batch_size):
+        chunk = prompts[start : start + micro_batch_size]
+        width = max(len(p) for p in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        attn = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, p in enumerate(chunk):
+            ids[row, : len(p)], attn[row, : len(p)] = torch.tensor(p), 1
+        for i, v in zip(cut[start : start + micro_batch_size], critic(ids, attn).tolist(), strict=True):
+            out[i] = float(v)
+    critic.train(restore_eval)
+    return out
+
+
+def check_horizon(max_steps: int, source: str | os.PathLike[str] | None, what: str) -> int | None:
+    """Warn when the run at ``source`` (its ``config.yaml``) was trained with another ``max_steps``; returns that.
+
+    ``what`` names what carries the other horizon over (a resumed critic, an initial policy). The prompt shows
+    the step number but not the limit, so values (and a policy's end-of-episode behaviour) learned for one
+    limit are off for another: e.g. a PPO critic trained in the dream with ``max_steps=6`` has learned that the
+    6th step ends the episode.
+    """
+    if source is None or not (Path(source) / "config.yaml").is_file():
+        return None
+    import yaml
+
+    try:
+        saved = yaml.safe_load((Path(source) / "config.yaml").read_text()).get("max_steps")
+    except (yaml.YAMLError, AttributeError, OSError):
+        return None
+    if isinstance(saved, int) and saved != max_steps:
+        log.warning("%s was trained with max_steps=%d but this run uses max_steps=%d: what it learned near the step "
+                    "limit (a critic's values, the policy's last steps) holds for the other horizon "
+                    "(bootstrap_truncated=True stops treating the limit as terminal)", what, saved, max_steps)
+        return saved
+    return None
+
+
+__all__ = ["Critic", "check_horizon", "truncated_values"]

@@ -11,6 +11,7 @@ PPO  = ``policy_loss`` + c_v · ``value_loss`` (− c_e · entropy), with advant
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal, get_args
 
 import torch
@@ -152,6 +153,27 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
 # ------------------------------------------------------------------------------------------ losses
 
 
+def dropout_off(*modules: nn.Module | None) -> Callable[[], None]:
+    """Put ``modules`` in eval mode (dropout off; gradients still flow) and return a function that restores
+    every submodule's train/eval flag as it was.
+
+    RL scores the behaviour tokens with the same network twice: at generation (eval mode, ``HFLLM``) and in the
+    update. With dropout on in the update, the first ratio π_θ/π_old is not 1 even before any step, and the
+    clipped objective then trains on dropout noise; PPO/GRPO for LLMs (verl, TRL) score both with dropout off.
+    A no-op for models without dropout (the tiny Llamas have ``attention_dropout=0``).
+    """
+    saved = [(m, m.training) for module in modules if module is not None for m in module.modules()]
+    for module in modules:
+        if module is not None:
+            module.eval()
+
+    def restore() -> None:
+        for m, training in saved:
+            m.training = training
+
+    return restore
+
+
 def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: KLKind = "k3") -> Tensor:
     """Per-token estimate of KL(π_θ ‖ π_ref) from tokens sampled by π_θ (Schulman, "Approximating KL").
 
@@ -161,6 +183,9 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: KLKind = "k3") -> Tensor:
     k3 = eˣ − x − 1 ≥ 0        (unbiased, low variance; verl's "low_var_kl", the GRPO KL loss)
     For k3, x is clamped to ±20 and the result to ≤ 10, as verl does, so that a token the reference finds
     near-impossible cannot blow up the loss.
+
+    k1 is a metric only, never a loss (``check_kl_loss``): its gradient −∇x = ∇ log π_θ has expectation
+    E_π[∇ log π_θ] = Σ ∇π_θ = 0, so as a loss term it pulls nothing toward π_ref (only adds noise).
     """
     log_ratio = ref_logp - logp
     if kind == "k1":
@@ -173,6 +198,18 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: KLKind = "k3") -> Tensor:
     raise ValueError(f"unknown KL estimator {kind!r}; choose one of {get_args(KLKind)}")
 
 
+def check_kl_loss(kind: str) -> None:
+    """Refuse a KL estimator that cannot serve as a loss term (k1; see ``kl_penalty``), naming the alternatives."""
+    if kind == "k1":
+        raise ValueError(
+            "kl_estimator 'k1' cannot be the KL loss: its gradient (∇ log π) is zero in expectation, so it does not "
+            "keep the policy near the reference; use 'k3' (verl's low_var_kl, the GRPO default) or 'k2' (½ log-ratio², "
+            "whose gradient is that of KL(π‖π_ref))"
+        )
+    if kind not in get_args(KLKind):
+        raise ValueError(f"unknown KL estimator {kind!r}; choose one of {get_args(KLKind)}")
+
+
 def policy_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -182,6 +219,7 @@ def policy_loss(
     clip_eps_high: float | None = None,
     agg: AggMode = "token-mean",
     max_len: int | None = None,
+    clip_ratio_c: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO clipped surrogate (Schulman et al. 2017), per token, then ``agg_loss``.
 
@@ -190,9 +228,16 @@ def policy_loss(
 
     ε_low = ``clip_eps``; ε_high = ``clip_eps_high`` or ``clip_eps`` (DAPO's "clip-higher" when larger).
     A clipped token has zero gradient. ``advantages`` is [B, L], or [B] (one per row, broadcast over tokens).
+
+    Dual-clip (Ye et al. 2020, verl's ``clip_ratio_c``; off when None): for A_t < 0 the loss is also capped at
+    −c·A_t, ℓ_t = min(max(−ρ_t A_t, −clip(ρ_t) A_t), −c A_t), so a token whose ratio grew far above 1 under a
+    negative advantage (a stale or off-policy sample) cannot push an unbounded update; c > 1 (verl: 3.0).
     Stats: clip_frac (share of tokens whose clipped term is active), approx_kl (k3 of old vs new, CleanRL's),
-    ratio_mean, ratio_max (over unmasked tokens).
+    ratio_mean, ratio_max (over unmasked tokens); with dual-clip also clip_frac_lower (share of tokens capped
+    at −c·A).
     """
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 (the dual-clip bound on the ratio), got {clip_ratio_c}")
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1).expand_as(logp)
     if not (logp.shape == old_logp.shape == advantages.shape == mask.shape):
@@ -207,7 +252,12 @@ def policy_loss(
     ratio = log_ratio.exp()
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_eps, 1.0 + eps_high)
-    loss = agg_loss(torch.maximum(unclipped, clipped), mask, agg, max_len)
+    per_token = torch.maximum(unclipped, clipped)
+    if clip_ratio_c is not None:
+        capped = torch.minimum(per_token, -advantages * clip_ratio_c)
+        lower = (advantages < 0) & (per_token > capped)
+        per_token = torch.where(advantages < 0, capped, per_token)
+    loss = agg_loss(per_token, mask, agg, max_len)
 
     with torch.no_grad():
         has_tokens = bool(mask.sum() > 0)
@@ -217,6 +267,8 @@ def policy_loss(
             "ratio_mean": float(masked_mean(ratio, mask)),
             "ratio_max": float(ratio[mask > 0].max()) if has_tokens else 0.0,
         }
+        if clip_ratio_c is not None:
+            stats["clip_frac_lower"] = float(masked_mean(lower.to(mask.dtype), mask))
     return loss, stats
 
 
@@ -255,6 +307,8 @@ __all__ = [
     "AggMode",
     "KLKind",
     "agg_loss",
+    "check_kl_loss",
+    "dropout_off",
     "entropy_from_logits",
     "kl_penalty",
     "masked_mean",

@@ -14,9 +14,16 @@ What a turn keeps, for RL (token-in/token-out: nothing is re-tokenised between a
 * ``reward``: the env reward minus the invalid-action penalty when the env flagged the action invalid
   (``env_reward`` keeps the env's own number; trajectories written to files carry that one).
 
-Seeds: episode ``e`` resets its env with seed ``seed + e`` (so a greedy evaluation plays the same episodes as
-the scripted ``dreamgym eval``), and the c-th ``policy.act`` call samples with a seed drawn from
-``numpy.random.default_rng(seed)``; the same ``seed`` and weights give the same episodes.
+Seeds: the episodes of task ``k`` (one GRPO group) all reset their envs with seed ``seed + k``, so the G
+episodes of a group start from the same initial state and differ only by the policy's samples (the group's
+baseline then compares actions, not env draws); with ``group_size=1`` episode ``e`` is reset with ``seed + e``, so
+a greedy evaluation plays the same episodes as the scripted ``dreamgym eval``. The c-th ``policy.act`` call
+samples with a seed drawn from ``numpy.random.default_rng(seed)``; the same ``seed`` and weights give the same
+episodes.
+
+An episode cut by the step limit (or by the env's own truncation) at a non-terminal state keeps that state as
+``Episode.final_obs``, so that PPO can bootstrap its last value target with the critic's V(s_T)
+(``RLConfig.bootstrap_truncated``, :func:`dreamgym.rl.critic.truncated_values`).
 """
 
 from __future__ import annotations
@@ -69,10 +76,11 @@ class Turn:
 class Episode:
     task: Task
     group_id: int  # index of the task in the rollout's task list: one GRPO group per task
-    seed: int  # the env reset seed
+    seed: int  # the env reset seed (shared by the episodes of a group)
     source: Source
     turns: list[Turn] = field(default_factory=list)
     success: bool = False
+    final_obs: AgentObservation | None = None  # the non-terminal state a truncated episode was cut at
 
     @property
     def env_steps(self) -> int:
@@ -160,7 +168,7 @@ def collect_rollouts(
     stats = stats if stats is not None else RolloutStats()
     sampler_seeds = np.random.default_rng(seed)
     episodes = [
-        Episode(task=task, group_id=k, seed=seed + k * group_size + g, source=pool.source)
+        Episode(task=task, group_id=k, seed=seed + k, source=pool.source)  # one reset seed per group
         for k, task in enumerate(tasks)
         for g in range(group_size)
     ]
@@ -221,6 +229,10 @@ def collect_rollouts(
             )
             if result.terminated or truncated:
                 ep.episode.success = bool(result.info.get("success"))
+                if not result.terminated:  # cut at a live state: what the policy would have seen next
+                    ep.episode.final_obs = AgentObservation(
+                        ep.episode.task.instruction, result.obs, list(result.info.get("admissible_actions") or []),
+                        [*ep.history, (ep.obs, step.action)])
                 del live[slot]
             else:
                 ep.history.append((ep.obs, step.action))

@@ -39,18 +39,20 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 from torch import Tensor, nn
 
-from dreamgym.agent.policy import LLMPolicy, load_policy, save_policy
+from dreamgym.agent.policy import LLMPolicy, load_policy, on_policy_config, save_policy
 from dreamgym.collect import EvalResult, summarize
 from dreamgym.curriculum import TaskGenerator, TaskSet, cluster_groups, variation_operator
 from dreamgym.eval import run_eval_episodes
 from dreamgym.experience.dream import DreamConfig, DreamEnvPool, open_dream
-from dreamgym.rl.advantages import gae, group_advantages, reward_variance
-from dreamgym.rl.critic import Critic
+from dreamgym.rl.advantages import episode_gae, group_advantages, reward_variance
+from dreamgym.rl.critic import Critic, check_horizon, truncated_values
 from dreamgym.rl.envpool import EnvFactory, EnvPool, env_factory, make_pool
 from dreamgym.rl.losses import (
     AggMode,
     KLKind,
     agg_loss,
+    check_kl_loss,
+    dropout_off,
     entropy_from_logits,
     kl_penalty,
     masked_mean,
@@ -133,6 +135,26 @@ class RLConfig(BaseModel):
 
         return cls.model_validate({**read_yaml_mapping(path, "RL config"), **(overrides or {})})
 
+    # RL details (issue 14): on-policy sampling, truncation bootstrap, dual-clip
+    top_p: float = Field(default=1.0, gt=0, le=1, description="on-policy sampling: only 1.0 (a loaded policy's "
+                         "saved top_p is overridden, with a warning)")
+    top_k: int | None = Field(default=None, ge=0, description="on-policy sampling: only None or 0 (off)")
+    bootstrap_truncated: bool = Field(
+        default=False, description="PPO: bootstrap an episode cut by max_steps with the critic's V(s_T) instead of "
+        "V_T = 0. Off by default: the prompt shows the step number and a run has one max_steps, so the limit is "
+        "part of the state and the cut is terminal; on when the horizon is not (e.g. it differs between phases)")
+    clip_ratio_c: float | None = Field(default=None, gt=1, description="dual-clip PPO: cap the loss of A < 0 "
+                                       "tokens at -c*A (verl uses 3.0); None: off")
+
+    @model_validator(mode="after")
+    def _check_rl_details(self) -> RLConfig:
+        if self.top_p != 1.0 or self.top_k not in (None, 0):
+            raise ValueError(
+                f"top_p={self.top_p:g}, top_k={self.top_k}: on-policy RL samples with top_p=1.0 and no top_k, because "
+                "the loss scores each token under the full softmax; truncated sampling would bias the policy gradient")
+        check_kl_loss(self.kl_estimator)
+        return self
+
 
 def make_env_factory(cfg: RLConfig) -> EnvFactory:
     """The one place the trainer creates envs."""
@@ -209,18 +231,18 @@ def critic_values(critic: Critic, rows: Sequence[TurnRow], pad_id: int, micro_ba
     return values
 
 
-def ppo_advantages(episodes: Sequence[Episode], rows: list[TurnRow], cfg: RLConfig) -> None:
+def ppo_advantages(
+    episodes: Sequence[Episode], rows: list[TurnRow], cfg: RLConfig, last_values: Sequence[float | None] | None = None
+) -> None:
     """PPO: turn-level GAE per episode. The prompt shows the step number, so the step limit is part of the
-    state and a truncated episode's last turn is terminal like any other (no bootstrap past it)."""
+    state and a truncated episode's last turn is terminal like any other (no bootstrap past it), unless
+    ``last_values`` gives V(s_T) of the cut episodes (``cfg.bootstrap_truncated``; see ``episode_gae``)."""
     i = 0
-    for e in episodes:
+    for j, e in enumerate(episodes):
         n = len(e.turns)
-        rewards = torch.tensor([t.reward for t in e.turns], dtype=torch.float64)
-        values = torch.tensor([r.old_value for r in rows[i : i + n]] + [0.0], dtype=torch.float64)
-        dones = torch.zeros(n, dtype=torch.float64)
-        dones[-1] = 1.0
-        advantages, returns = gae(rewards, values, dones, cfg.gamma, cfg.lam)
-        for row, a, r in zip(rows[i : i + n], advantages.tolist(), returns.tolist(), strict=True):
+        advantages, returns = episode_gae([t.reward for t in e.turns], [r.old_value for r in rows[i : i + n]],
+                                          cfg.gamma, cfg.lam, None if last_values is None else last_values[j])
+        for row, a, r in zip(rows[i : i + n], advantages, returns, strict=True):
             row.advantage, row.ret = a, r
         i += n
     if cfg.normalize_advantages and len(rows) > 1:
@@ -268,7 +290,7 @@ def update(
     """``ppo_epochs`` passes of minibatch updates over ``rows``; returns the mean of each logged quantity."""
     log: dict[str, list[float]] = {}
     keeper = _KeepLogits(model)
-    model.train()
+    restore_modes = dropout_off(model, critic)  # old and new log-probs (and values) without dropout: ratio 1 at first
     for _ in range(cfg.ppo_epochs):
         order = rng.permutation(len(rows))
         for start in range(0, len(rows), cfg.minibatch_size):
@@ -283,7 +305,7 @@ def update(
                 logp = sequence_logprobs(keeper, ids, attn, temperature=cfg.temperature)
                 advantages = torch.tensor([r.advantage for r in micro])
                 loss, stats = policy_loss(logp, batch["old_logp"], advantages, mask, cfg.clip_eps,
-                                          cfg.clip_eps_high, cfg.loss_agg, max_new_tokens)
+                                          cfg.clip_eps_high, cfg.loss_agg, max_new_tokens, cfg.clip_ratio_c)
                 stats["pg_loss"] = loss.item()
                 # entropy of the distributions that produced the response tokens (logits at t-1 predict t)
                 assert keeper.logits is not None
@@ -309,6 +331,7 @@ def update(
             if critic is not None and critic_optimizer is not None:
                 log.setdefault("value_loss", []).append(_critic_step(critic, critic_optimizer, minibatch, cfg, pad_id))
     keeper.logits = None
+    restore_modes()
     return {k: float(np.mean(v)) for k, v in log.items()}
 
 
@@ -316,7 +339,6 @@ def _critic_step(
     critic: Critic, optimizer: torch.optim.Optimizer, minibatch: list[TurnRow], cfg: RLConfig, pad_id: int
 ) -> float:
     """One clipped-value-loss step of the critic on a minibatch of turns (per-turn values, token-mean = turn mean)."""
-    critic.train()
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
     for m in range(0, len(minibatch), cfg.micro_batch_size):
@@ -508,6 +530,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
         raise ValueError(f"{run}: already holds a run; pass --resume to continue it or choose another --out")
     if cfg.init is None:
         raise ValueError("RLConfig.init: give the policy to start from (a policy run dir or HF model dir)")
+    check_horizon(cfg.max_steps, run if ckpt else cfg.init, f"the resumed run {run}" if ckpt else f"the policy {cfg.init}")
     run.mkdir(parents=True, exist_ok=True)
     (run / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
     console.print(yaml.safe_dump(cfg.model_dump(), sort_keys=False), highlight=False)
@@ -519,8 +542,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
     rng = np.random.default_rng(cfg.seed)  # every trainer draw: task sampling, rollout seeds, minibatch order
 
     policy = load_policy(ckpt if ckpt is not None else cfg.init)
-    policy.cfg = policy.cfg.model_copy(
-        update={"temperature": cfg.temperature, "invalid_action_penalty": cfg.invalid_action_penalty})
+    policy.cfg = on_policy_config(policy.cfg, cfg.temperature, cfg.invalid_action_penalty, cfg.top_p)
     llm: Any = policy.llm
     model, tokenizer = llm.model, llm.tokenizer
     pad_id = llm.pad_id
@@ -634,7 +656,8 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
             if critic is not None:
                 for row, v in zip(rows, critic_values(critic, rows, pad_id, cfg.micro_batch_size), strict=True):
                     row.old_value = v
-                ppo_advantages(episodes, rows, cfg)
+                ppo_advantages(episodes, rows, cfg, truncated_values(critic, policy, episodes, pad_id, cfg.micro_batch_size)
+                               if cfg.bootstrap_truncated else None)
             else:
                 grpo_advantages(episodes, rows, cfg.normalize_std, cfg.turn_weighting)
 
