@@ -13,14 +13,14 @@ import torch
 from dreamgym.agent.policy import LLMPolicy, PolicyConfig
 from dreamgym.collect import episode_tasks, iter_episodes
 from dreamgym.envs import make
+from dreamgym.envs.pool import EnvPool, LocalEnvPool, env_factory
 from dreamgym.envs.shop import ShopEnv
-from dreamgym.eval import eval_tasks, evaluate_policy, run_eval_episodes
 from dreamgym.llm.hf import HFLLM
 from dreamgym.llm.tiny import init_tiny_model
-from dreamgym.rl.envpool import EnvPool, LocalEnvPool, env_factory
+from dreamgym.rl.batch import collate, turn_rows
+from dreamgym.rl.evaluate import eval_tasks, evaluate_policy, run_eval_episodes
 from dreamgym.rl.losses import sequence_logprobs
 from dreamgym.rl.rollout import RolloutStats, collect_rollouts, count_env_steps
-from dreamgym.rl.trainer import collate, turn_rows
 from dreamgym.types import read_jsonl, write_jsonl
 
 torch.set_num_threads(1)
@@ -151,7 +151,7 @@ def test_greedy_eval_plays_the_scripted_eval_tasks_and_is_deterministic(policy: 
 )
 def test_ray_pool_gives_the_same_episodes_as_the_local_pool(policy: LLMPolicy) -> None:
     ray = pytest.importorskip("ray", reason="ray is optional: pip install 'dreamgym[ray]'")
-    from dreamgym.rl.envpool import RayEnvPool
+    from dreamgym.envs.pool import RayEnvPool
 
     factory = env_factory("shop", **SHOP)
     tasks = make("shop", **SHOP).tasks("train")[:2]

@@ -189,8 +189,8 @@ def test_cli_trains_then_evaluates_the_run(
 
 
 def test_grpo_episode_turn_weighting_gives_every_episode_equal_weight() -> None:
+    from dreamgym.rl.batch import TurnRow, grpo_advantages
     from dreamgym.rl.rollout import Episode, Turn
-    from dreamgym.rl.trainer import TurnRow, grpo_advantages
     from dreamgym.types import Task
 
     def episode(reward: float, turns: int) -> Episode:
