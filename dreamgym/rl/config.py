@@ -80,7 +80,7 @@ class RLConfig(BaseModel):
         if not moved:
             return data
         given = data.get("curriculum") or {}
-        given = given.model_dump() if isinstance(given, BaseModel) else given
+        given = given.model_dump(exclude_unset=True) if isinstance(given, BaseModel) else given
         dream = {k: v for k, v in data["dream"].items() if k not in CURRICULUM_FIELDS}
         return {**data, "dream": dream, "curriculum": {**moved, **given}}
 
