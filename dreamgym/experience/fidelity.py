@@ -7,7 +7,7 @@ from the model's buffer, never from the step's own trajectory), in batches throu
 ε_P, the Lemma 1 bound). Environments with code-judged consistency checks add them (the shop: click, option
 and reward consistency, :mod:`dreamgym.envs.shop.fidelity`). :func:`side_by_side` shows real vs dreamt next
 states; :func:`judge_transitions` scores dreamt transitions with an LLM judge on the paper's four rubrics.
-A policy's dreamt *episodes* are scored in :mod:`dreamgym.rl.wm2real` (it plays the policy).
+A policy's dreamt *episodes*, replayed in the real env (wm2real), are scored in :mod:`dreamgym.rl.wm2real`.
 """
 
 from __future__ import annotations

@@ -197,6 +197,7 @@ def truncate_metrics(path: Path, iteration: int) -> None:
 
 
 def write_summary(run: Path, cfg: RLConfig, state: TrainState) -> dict[str, Any]:
+    """``RUN/summary.json``: the counters and the last evaluation (and every one, in ``evals``)."""
     last = state.evals[-1] if state.evals else {}
     summary = {
         "algo": cfg.algo, "env": cfg.env, "init": cfg.init,

@@ -106,6 +106,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
     started = time.monotonic() - state.seconds
     episodes: list[Episode] = []  # the last iteration's rollouts (a dream run's summary replays them: wm2real)
     try:
+        # ---- evaluate: the initial policy
         if ckpt is None and cfg.eval_at_start and eval_pool is not None:
             result = evaluate(policy, eval_pool, cfg, state)
             console.print(f"iter 0 | eval success {result.success_rate:.3f} reward {result.mean_reward:.3f}")
