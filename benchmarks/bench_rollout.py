@@ -26,11 +26,13 @@ import torch
 from dreamgym.agent.policy import LLMPolicy, PolicyConfig, load_policy
 from dreamgym.collect import iter_episodes
 from dreamgym.envs import make
+from dreamgym.envs.pool import LocalEnvPool, env_factory
 from dreamgym.llm.hf import HFLLM
 from dreamgym.llm.tiny import init_tiny_model
-from dreamgym.rl.envpool import LocalEnvPool, env_factory
+from dreamgym.rl.batch import grpo_advantages, turn_rows
+from dreamgym.rl.config import RLConfig
+from dreamgym.rl.learner import Learner
 from dreamgym.rl.rollout import RolloutStats, collect_rollouts, count_env_steps
-from dreamgym.rl.trainer import RLConfig, grpo_advantages, turn_rows, update
 from dreamgym.types import write_jsonl
 
 RESULTS = Path(__file__).parent / "results" / "bench_rollout.json"
@@ -64,13 +66,12 @@ def bench_group(
     if group_size > 1:  # the update, so that an iteration's time splits into generation / env / update
         llm: Any = policy.llm
         cfg = RLConfig(algo="grpo", group_size=group_size, minibatch_size=128, micro_batch_size=32)
-        optimizer = torch.optim.AdamW(llm.model.parameters(), lr=cfg.lr)
+        learner = Learner(policy, cfg)
         state = {k: v.clone() for k, v in llm.model.state_dict().items()}
         t0 = time.perf_counter()
         rows = turn_rows(episodes)
         grpo_advantages(episodes, rows, cfg.normalize_std)
-        update(llm.model, None, None, optimizer, None, rows, cfg, llm.pad_id, policy.cfg.max_new_tokens,
-               np.random.default_rng(seed))
+        learner.update(rows, np.random.default_rng(seed))
         update_s = time.perf_counter() - t0
         llm.model.load_state_dict(state)  # every group size measures the same policy
         total = stats.generation_s + stats.env_s + update_s

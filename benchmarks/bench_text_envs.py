@@ -27,7 +27,7 @@ from typing import Any
 
 import psutil
 
-from dreamgym.rl.envpool import EnvPool, LocalEnvPool, RayEnvPool, env_factory
+from dreamgym.envs.pool import EnvPool, LocalEnvPool, RayEnvPool, env_factory
 
 RESULTS = Path(__file__).parent / "results" / "bench_text_envs.json"
 

@@ -135,8 +135,8 @@ def run_exp(args: argparse.Namespace, init: str, seed: int, results: dict[str, A
 def run_policy(args: argparse.Namespace, init: str, seed: int, results: dict[str, Any], out: Path) -> None:
     from dreamgym.agent.policy import PolicyConfig, load_policy
     from dreamgym.baselines.sft import train_bc
-    from dreamgym.eval import evaluate_policy
-    from dreamgym.rl.envpool import env_factory
+    from dreamgym.envs.pool import env_factory
+    from dreamgym.rl.evaluate import evaluate_policy
     from dreamgym.sft import SFTConfig
 
     init, model_path = split_init(init)

@@ -27,8 +27,8 @@ from dreamgym.agent.policy import PolicyConfig, load_policy
 from dreamgym.baselines.sft import train_bc
 from dreamgym.collect import evaluate, iter_episodes
 from dreamgym.envs import make
-from dreamgym.eval import evaluate_policy
-from dreamgym.rl.envpool import env_factory
+from dreamgym.envs.pool import env_factory
+from dreamgym.rl.evaluate import evaluate_policy
 from dreamgym.sft import SFTConfig
 from dreamgym.types import write_trajectories
 

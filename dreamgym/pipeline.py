@@ -109,7 +109,7 @@ class DemoConfig(BaseModel):
     rl: dict[str, Any] = Field(default_factory=lambda: {"iterations": 16, "tasks_per_iter": 8, "group_size": 8,
                                                         "lr": 1e-4, "normalize_std": False, "turn_weighting": "episode",
                                                         "eval_every": 4, "num_threads": 2})
-    dream: dict[str, Any] = Field(default_factory=dict, description="DreamConfig fields")
+    dream: dict[str, Any] = Field(default_factory=dict, description="DreamConfig and CurriculumConfig fields")
     dream_iterations: int = 6
     s2r_share: float = Field(default=0.1, gt=0, le=1, description="S2R budget / GRPO-real's real transitions "
                              "(a strict budget: S2R stops before a group could exceed it)")
@@ -282,11 +282,12 @@ def fidelity(cfg: DemoConfig, out: Path, exp_dir: Path) -> dict[str, Any]:
 def run_demo(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
     from dreamgym.agent.policy import PolicyConfig, load_policy
     from dreamgym.baselines.sft import train_bc
-    from dreamgym.eval import evaluate_policy
+    from dreamgym.curriculum.config import CURRICULUM_FIELDS
+    from dreamgym.envs.pool import env_factory
     from dreamgym.experience.protocol import ProtocolConfig
     from dreamgym.experience.train import train_experience_model
     from dreamgym.plots import plot_success_vs_real, plot_task_variance
-    from dreamgym.rl.envpool import env_factory
+    from dreamgym.rl.evaluate import evaluate_policy
     from dreamgym.rl.trainer import RLConfig, train
     from dreamgym.sft import SFTConfig
 
@@ -339,11 +340,14 @@ def run_demo(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
 
     grpo = _stage(f"{next(numbered)} GRPO in the real {env}", out / "stages/grpo_real.json",
                   lambda: rl_stage("GRPO (real)", out / "grpo_real", {"init": str(sft_dir)}))
-    dream_cfg = {**cfg.dream, "experience_model": str(exp_dir), "buffer": str(out / "buffer"),
-                 "offline_data": [str(offline)]}
+    # the demo's `dream` holds DreamConfig's fields and the curriculum's (RLConfig.curriculum)
+    dream_cfg = {**{k: v for k, v in cfg.dream.items() if k not in CURRICULUM_FIELDS},
+                 "experience_model": str(exp_dir), "buffer": str(out / "buffer"), "offline_data": [str(offline)]}
+    curriculum = {k: v for k, v in cfg.dream.items() if k in CURRICULUM_FIELDS}
     dreamgym = _stage(f"{next(numbered)} DreamGym: GRPO in the dream (0 real transitions)", out / "stages/dreamgym.json",
-                      lambda: rl_stage("DreamGym", out / "dreamgym",
-                                       {"init": str(sft_dir), "dream": dream_cfg, "iterations": cfg.dream_iterations}))
+                      lambda: rl_stage("DreamGym", out / "dreamgym", {"init": str(sft_dir), "dream": dream_cfg,
+                                                                       "curriculum": curriculum,
+                                                                       "iterations": cfg.dream_iterations}))
     budget = max(1, int(cfg.s2r_share * max(grpo["real_transitions"], 1)))
     s2r = _stage(f"{next(numbered)} DreamGym-S2R: continue in the real {env}", out / "stages/s2r.json",
                  lambda: rl_stage("DreamGym-S2R", out / "s2r",

@@ -23,8 +23,8 @@ from dreamgym.baselines import (
 from dreamgym.collect import iter_episodes
 from dreamgym.envs import make
 from dreamgym.envs.base import TextEnv
-from dreamgym.eval import run_eval_episodes
-from dreamgym.rl.envpool import env_factory
+from dreamgym.envs.pool import env_factory
+from dreamgym.rl.evaluate import run_eval_episodes
 from dreamgym.sft import SFTConfig, encode_prompt
 from dreamgym.types import Task, Trajectory, Transition, write_trajectories
 

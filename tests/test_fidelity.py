@@ -30,11 +30,11 @@ from dreamgym.experience.fidelity import (
     judge_transitions,
     parse_judgement,
     side_by_side,
-    wm2real,
 )
 from dreamgym.experience.metrics import FidelityRecord
 from dreamgym.experience.protocol import ExperiencePrediction, failure_prediction
 from dreamgym.llm.base import Completion, Prompt, SamplingParams
+from dreamgym.rl.wm2real import wm2real
 from dreamgym.types import DataError, Task, Trajectory, Transition
 
 RESULTS = """[1] text: Page 1 (results 1-5 of 50)

@@ -13,14 +13,14 @@ import torch
 from dreamgym.agent.policy import LLMPolicy, PolicyConfig
 from dreamgym.collect import episode_tasks, iter_episodes
 from dreamgym.envs import make
+from dreamgym.envs.pool import EnvPool, LocalEnvPool, env_factory
 from dreamgym.envs.shop import ShopEnv
-from dreamgym.eval import eval_tasks, evaluate_policy, run_eval_episodes
 from dreamgym.llm.hf import HFLLM
 from dreamgym.llm.tiny import init_tiny_model
-from dreamgym.rl.envpool import EnvPool, LocalEnvPool, env_factory
+from dreamgym.rl.batch import collate, turn_rows
+from dreamgym.rl.evaluate import eval_tasks, evaluate_policy, run_eval_episodes
 from dreamgym.rl.losses import sequence_logprobs
 from dreamgym.rl.rollout import RolloutStats, collect_rollouts, count_env_steps
-from dreamgym.rl.trainer import collate, turn_rows
 from dreamgym.types import read_jsonl, write_jsonl
 
 torch.set_num_threads(1)
@@ -139,8 +139,8 @@ def test_with_dropout_the_first_ratio_of_an_update_is_exactly_one(micro_dir: Pat
     import numpy as np
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dreamgym.rl.critic import Critic
-    from dreamgym.rl.trainer import RLConfig, critic_values, update
+    from dreamgym.rl.config import RLConfig
+    from dreamgym.rl.learner import Learner
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(micro_dir, attention_dropout=0.1)
@@ -153,19 +153,19 @@ def test_with_dropout_the_first_ratio_of_an_update_is_exactly_one(micro_dir: Pat
     for i, row in enumerate(rows):
         row.old_logprobs = exact[i][batch["mask"][i] > 0].tolist()
         row.advantage = 1.0 if i % 2 else -1.0
-    critic = Critic.from_policy(model)
+    learner = Learner(policy, RLConfig(algo="ppo", minibatch_size=1000, micro_batch_size=4, lr=1e-3))
+    critic = learner.critic
+    assert critic is not None
     with torch.no_grad():
         critic.value_head.bias.fill_(0.5)
         critic.value_head.weight.normal_()
-    values = critic_values(critic, rows, llm.pad_id, 4)
-    assert critic_values(critic, rows, llm.pad_id, 4) == values  # no dropout noise in V(s_t)
+    values = learner.values(rows)
+    assert learner.values(rows) == values  # no dropout noise in V(s_t)
     for row, v in zip(rows, values, strict=True):
         row.old_value, row.ret = v, v + 1.0
     model.train()  # the mode a caller left it in is restored afterwards
-    cfg = RLConfig(algo="ppo", minibatch_size=1000, micro_batch_size=1000, lr=1e-3)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=1e-3)
-    stats = update(model, None, critic, optimizer, critic_optimizer, rows, cfg, llm.pad_id, 8, np.random.default_rng(0))
+    learner.cfg = learner.cfg.model_copy(update={"micro_batch_size": 1000})
+    stats = learner.update(rows, np.random.default_rng(0))
     tokens = sum(len(r.response_ids) for r in rows)
     assert stats["logp_behaviour_gap"] * tokens < 1e-6  # max |log ρ| < 1e-6 on the first (only) micro-batch
     assert abs(stats["ratio_max"] - 1.0) < 1e-6 and abs(stats["ratio_mean"] - 1.0) < 1e-6
@@ -228,7 +228,7 @@ def test_greedy_eval_plays_the_scripted_eval_tasks_and_is_deterministic(policy: 
 )
 def test_ray_pool_gives_the_same_episodes_as_the_local_pool(policy: LLMPolicy) -> None:
     ray = pytest.importorskip("ray", reason="ray is optional: pip install 'dreamgym[ray]'")
-    from dreamgym.rl.envpool import RayEnvPool
+    from dreamgym.envs.pool import RayEnvPool
 
     factory = env_factory("shop", **SHOP)
     tasks = make("shop", **SHOP).tasks("train")[:2]

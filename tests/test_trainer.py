@@ -191,8 +191,8 @@ def test_cli_trains_then_evaluates_the_run(
 
 
 def test_grpo_episode_turn_weighting_gives_every_episode_equal_weight() -> None:
+    from dreamgym.rl.batch import TurnRow, grpo_advantages
     from dreamgym.rl.rollout import Episode, Turn
-    from dreamgym.rl.trainer import TurnRow, grpo_advantages
     from dreamgym.types import Task
 
     def episode(reward: float, turns: int) -> Episode:
@@ -242,7 +242,7 @@ def test_a_saved_top_p_below_one_is_overridden_for_rl(
 
 def test_ppo_bootstraps_truncated_episodes_with_the_critic_when_asked() -> None:
     from dreamgym.rl.rollout import Episode, Turn
-    from dreamgym.rl.trainer import TurnRow, ppo_advantages
+    from dreamgym.rl.batch import TurnRow, ppo_advantages
     from dreamgym.types import Task
 
     e = Episode(task=Task(task_id="t", instruction="x"), group_id=0, seed=0, source="real")
@@ -325,3 +325,23 @@ def test_real_steps_of_a_killed_iteration_are_charged_on_resume(sft_run: Path, t
     assert summary["real_transitions"] == sum(t.num_steps for t in rollouts) + 8  # + the killed attempt's batch
     assert first["real_transitions"] < summary["real_transitions"]
     assert json.loads((run / "uncharged_real_steps.json").read_text())["steps"] == 0  # committed
+
+
+def test_curriculum_fields_written_inside_dream_move_to_the_curriculum_config() -> None:
+    old = {"dream": {"experience_model": "m", "task_generator": "none", "synthetic_share": 0.5},
+           "curriculum": {"seeds_per_iter": 1}}
+    cfg = RLConfig.model_validate(old)
+    assert cfg.dream is not None and cfg.dream.experience_model == "m"
+    assert (cfg.curriculum.task_generator, cfg.curriculum.synthetic_share, cfg.curriculum.seeds_per_iter) == ("none", 0.5, 1)
+    assert RLConfig.model_validate_json(cfg.model_dump_json()) == cfg
+    assert cfg.curriculum.task_generator_for("shop", {}) is None  # "none": no task generation
+
+
+def test_real_pools_keep_the_no_op_pool_hooks() -> None:
+    from dreamgym.envs.pool import EnvPool, LocalEnvPool, env_factory
+
+    pool = LocalEnvPool(env_factory("shop", **SHOP), num_envs=1)
+    pool.on_iteration_start(3)
+    assert isinstance(pool, EnvPool) and pool.task_generator_llm is None and pool.encoder is None
+    assert pool.checkpoint_state() == {} and pool.load_checkpoint_state({"buffer_rows": 5}) == {} and pool.report() == {}
+    pool.close()

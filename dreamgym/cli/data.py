@@ -131,8 +131,8 @@ def _eval_llm_policy(
     env_name: str, run_dir: str, split: str, episodes: int, seed: int, as_json: bool, env_arg: list[str] | None
 ) -> None:
     from dreamgym.agent.policy import load_policy
-    from dreamgym.eval import evaluate_policy
-    from dreamgym.rl.envpool import env_factory
+    from dreamgym.envs.pool import env_factory
+    from dreamgym.rl.evaluate import evaluate_policy
 
     llm_policy = load_policy(run_dir)
     console.print(f"eval {run_dir} on {episodes} {split} episodes (greedy, batched)")

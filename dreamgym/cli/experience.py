@@ -244,7 +244,11 @@ def eval_exp(
 
         agent = load_policy(policy)
     report = evaluate_experience_model(exp, heldout, max_transitions, seed, batch_size, show, gamma, horizon,
-                                       judge=judge, judge_n=judge_n, policy=agent, policy_episodes=policy_episodes)
+                                       judge=judge, judge_n=judge_n)
+    if agent is not None:
+        from dreamgym.rl.wm2real import policy_wm2real
+
+        report["wm2real"] = policy_wm2real(exp, agent, heldout, policy_episodes, seed, horizon)
     if report_out is not None:
         report_out.parent.mkdir(parents=True, exist_ok=True)
         report_out.write_text(json.dumps(report, indent=2))

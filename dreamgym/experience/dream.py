@@ -7,14 +7,17 @@ the environment (which actions a state offers, whether an action is valid) comes
 env's answer (state unchanged, reward 0, ``invalid_action``) without a model call. No real transition is
 ever consumed: the real env object is only a grammar.
 
-``DreamEnvPool`` implements :class:`~dreamgym.rl.envpool.EnvPool` and advances all its episodes with ONE
+``DreamEnvPool`` implements :class:`~dreamgym.envs.pool.EnvPool` and advances all its episodes with ONE
 batched ``ExperienceModel.predict`` call per step; finished synthetic trajectories go back into the replay
-buffer (the paper's co-evolving buffer), tagged with the pool's current ``iteration``.
+buffer (the paper's co-evolving buffer), tagged with the pool's current ``iteration``. Its pool hooks
+(:class:`~dreamgym.envs.pool.PoolHooks`) tag, checkpoint and report that buffer and lend the experience model's
+LLM and the buffer's encoder to the curriculum.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,9 +27,12 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from dreamgym.envs.base import TextEnv
+from dreamgym.envs.pool import PoolHooks, StepResult, info_essentials
 from dreamgym.experience.model import ExperienceModel
 from dreamgym.experience.protocol import ExperiencePrediction, ExperienceQuery
 from dreamgym.types import Source, Task, Trajectory, Transition
+
+log = logging.getLogger(__name__)
 
 
 class InitialStates:
@@ -156,7 +162,7 @@ class DreamEnv(TextEnv):
                           source="synthetic", policy=None, meta={"env": self.name, "dream_failures": self.dream_failures})
 
 
-class DreamEnvPool:
+class DreamEnvPool(PoolHooks):
     """Many dream episodes advanced by one batched experience-model call per step (an ``EnvPool``)."""
 
     source: Source = "synthetic"
@@ -181,17 +187,13 @@ class DreamEnvPool:
     def reset_batch(
         self, indices: Sequence[int], tasks: Sequence[Task], seeds: Sequence[int], split: str
     ) -> list[tuple[str, dict[str, Any]]]:
-        from dreamgym.rl.envpool import info_essentials
-
         out = []
         for i, task, seed in zip(indices, tasks, seeds, strict=True):
             obs, info = self.envs[i].reset(seed=seed, options={"task": task, "split": split})
             out.append((obs, info_essentials(info)))
         return out
 
-    def step_batch(self, indices: Sequence[int], actions: Sequence[str]) -> list[Any]:
-        from dreamgym.rl.envpool import StepResult, info_essentials
-
+    def step_batch(self, indices: Sequence[int], actions: Sequence[str]) -> list[StepResult]:
         queries = [self.envs[i].query_for(a) for i, a in zip(indices, actions, strict=True)]
         asked = [(i, q) for i, q in zip(indices, queries, strict=True) if q is not None]
         predictions = self.model.predict([q for _, q in asked])
@@ -215,6 +217,42 @@ class DreamEnvPool:
         if self.owns_buffer and self.model.buffer is not None:
             self.model.buffer.close()
 
+    # -- pool hooks ---------------------------------------------------------------------------------
+    @property
+    def task_generator_llm(self) -> Any:
+        return self.model.llm  # the paper's M_task shares the experience model's weights
+
+    @property
+    def encoder(self) -> Any:
+        return self.model.buffer.encoder if self.model.buffer is not None else None
+
+    def on_iteration_start(self, iteration: int) -> None:
+        self.iteration = iteration
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The replay buffer's size at the checkpoint (``buffer_rows``; rows past it are a killed run's)."""
+        if self.model.buffer is None:
+            return {}
+        self.model.buffer.flush()
+        return {"buffer_rows": len(self.model.buffer)}
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Hide the synthetic transitions that killed attempts wrote after the checkpoint: the resumed run redoes
+        that work. The ``[start, stop)`` row ranges (``hidden_rows``) are checkpointed, in case of another kill."""
+        buffer, rows = self.model.buffer, state.get("buffer_rows")
+        if buffer is None or rows is None:
+            return {}
+        hidden = [list(r) for r in state.get("hidden_rows", [])]
+        if len(buffer) > rows:
+            hidden.append([rows, len(buffer)])
+            log.warning("replay buffer: %d rows written after the checkpoint are hidden", len(buffer) - rows)
+        for start, stop in hidden:
+            buffer.hide_rows(start, stop)
+        return {"hidden_rows": hidden}
+
+    def report(self) -> dict[str, Any]:
+        return {"experience_model": self.model.stats_dict()}
+
 
 # ------------------------------------------------------------------------------------------- configuration
 
@@ -230,11 +268,6 @@ class DreamConfig(BaseModel):
     offline_data: list[str] = Field(default_factory=list, description="real trajectories: initial states, seeding")
     max_new_tokens: int | None = Field(default=None, ge=8, description="override experience.json")
     temperature: float | None = Field(default=None, ge=0, description="override experience.json")
-    # the curriculum task generator
-    task_generator: str = Field(default="rule", description="rule (env's variation operator) | llm | none")
-    synthetic_share: float = Field(default=0.25, ge=0, le=1, description="λ: max share of synthetic tasks/batch")
-    seeds_per_iter: int = Field(default=4, ge=0)
-    variations_per_seed: int = Field(default=2, ge=1)
     device: str = "cpu"
 
 

@@ -1,6 +1,6 @@
 """Multi-turn rollouts: G episodes per task, many tasks, one batched policy call per turn.
 
-``collect_rollouts`` plays ``len(tasks) × group_size`` episodes on an :class:`~dreamgym.rl.envpool.EnvPool`.
+``collect_rollouts`` plays ``len(tasks) × group_size`` episodes on an :class:`~dreamgym.envs.pool.EnvPool`.
 Every turn it makes ONE ``policy.act`` call over all live episodes, then steps their envs as a batch. When
 there are more episodes than env slots, a finished episode's slot takes the next waiting episode
 (continuous batching), so the pool size bounds memory, not correctness.
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from dreamgym.agent.policy import AgentObservation, LLMPolicy
-from dreamgym.rl.envpool import EnvPool
+from dreamgym.envs.pool import EnvPool
 from dreamgym.types import Source, Task, Trajectory, Transition
 
 # Seeds handed to the sampler stay below this, so that ``seed + row`` fits every generator.

@@ -4,14 +4,17 @@ The numbers and JSON fields are those of :func:`dreamgym.collect.summarize` (the
 computed on the same episodes: the split's tasks in the same seeded order and episode ``i`` reset with seed
 ``seed + i``, so ``dreamgym eval --policy oracle`` and ``--policy RUN_DIR`` are directly comparable.
 Episodes run as batched rollouts (one policy call per turn across all live episodes), greedy by default.
+:func:`evaluate` is the trainer's evaluation: the same episodes, their env steps counted apart from training's.
 """
 
 from __future__ import annotations
 
 from dreamgym.agent.policy import LLMPolicy
 from dreamgym.collect import EvalResult, seeded_order, summarize
-from dreamgym.rl.envpool import EnvFactory, EnvPool, LocalEnvPool
-from dreamgym.rl.rollout import Episode, collect_rollouts
+from dreamgym.envs.pool import EnvFactory, EnvPool, LocalEnvPool
+from dreamgym.rl.checkpoint import TrainState
+from dreamgym.rl.config import RLConfig
+from dreamgym.rl.rollout import Episode, collect_rollouts, count_env_steps
 from dreamgym.types import Task
 
 
@@ -36,7 +39,7 @@ def run_eval_episodes(
     """Play the evaluation episodes; ``env`` is a pool, or a factory for a local pool of ``num_envs`` envs."""
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
-    pool = env if isinstance(env, EnvPool) else LocalEnvPool(env, min(num_envs, episodes))
+    pool = LocalEnvPool(env, min(num_envs, episodes)) if callable(env) else env  # a factory, else a pool
     try:
         tasks = eval_tasks(pool, split, episodes, seed)
         return collect_rollouts(pool, policy, tasks, group_size=1, max_steps=max_steps, greedy=greedy,
@@ -61,4 +64,15 @@ def evaluate_policy(
     return summarize([e.to_trajectory(policy.name) for e in played])
 
 
-__all__ = ["eval_tasks", "evaluate_policy", "run_eval_episodes"]
+def evaluate(policy: LLMPolicy, pool: EnvPool, cfg: RLConfig, state: TrainState) -> EvalResult:
+    """Greedy episodes on the eval split (same tasks every time); their env steps are counted apart."""
+    episodes = run_eval_episodes(policy, pool, cfg.eval_split, cfg.eval_episodes, seed=cfg.seed,
+                                 greedy=True, max_steps=cfg.max_steps)
+    state.eval_transitions += count_env_steps(episodes)
+    result = summarize([e.to_trajectory(policy.name) for e in episodes])
+    state.evals.append({"iteration": state.iteration, "real_transitions": state.real_transitions,
+                        **result.to_dict()})
+    return result
+
+
+__all__ = ["eval_tasks", "evaluate", "evaluate_policy", "run_eval_episodes"]

@@ -7,6 +7,10 @@ as ScienceWorld or AgentGym servers), nor whether the env is the real one or the
 
 Only the essentials of ``info`` cross the pool boundary (:func:`info_essentials`): the admissible actions,
 the success and invalid-action flags, and the env's small scalar extras (the ``task`` object stays behind).
+
+The trainer talks to every pool through the same hooks (:class:`PoolHooks`): the dream
+(:class:`~dreamgym.experience.dream.DreamEnvPool`) tags, checkpoints and reports its co-evolving replay buffer
+and lends its experience model to the curriculum; the real pools keep the no-op defaults.
 """
 
 from __future__ import annotations
@@ -43,14 +47,53 @@ def env_factory(name: str, **env_kwargs: Any) -> EnvFactory:
     return functools.partial(make, name, **env_kwargs)
 
 
+class PoolHooks:
+    """What the trainer may ask of any pool beyond stepping it; these defaults (a real env's) do nothing.
+
+    ``task_generator_llm``: the LLM the curriculum's ``llm`` task generator prompts (the dream: the experience
+    model's). ``encoder``: the semantic embedder φ that clusters tasks for the curriculum (the dream: its replay
+    buffer's); None lets the trainer choose one.
+    """
+
+    @property
+    def task_generator_llm(self) -> Any:
+        return None
+
+    @property
+    def encoder(self) -> Any:
+        return None
+
+    def on_iteration_start(self, iteration: int) -> None:
+        """Called before each iteration's rollouts (the dream tags its synthetic transitions with it)."""
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Fields of the trainer's checkpointed state this pool sets when a checkpoint is written."""
+        return {}
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Restore from a checkpoint's state on resume; returns the fields of it this pool changed."""
+        return {}
+
+    def report(self) -> dict[str, Any]:
+        """What this pool adds to the run's ``summary.json``."""
+        return {}
+
+
 @runtime_checkable
 class EnvPool(Protocol):
     """Slots ``0..num_envs-1``, each one env. ``source`` is what the env's trajectories are ("real" for a real
-    env, "synthetic" for the dream; read from the env's ``source`` attribute, "real" when it has none)."""
+    env, "synthetic" for the dream; read from the env's ``source`` attribute, "real" when it has none).
+    The hooks are :class:`PoolHooks`'s."""
 
     num_envs: int
     name: str
     source: Source
+
+    @property
+    def task_generator_llm(self) -> Any: ...
+
+    @property
+    def encoder(self) -> Any: ...
 
     def tasks(self, split: str) -> list[Task]: ...
 
@@ -61,6 +104,14 @@ class EnvPool(Protocol):
     def step_batch(self, indices: Sequence[int], actions: Sequence[str]) -> list[StepResult]: ...
 
     def close(self) -> None: ...
+
+    def on_iteration_start(self, iteration: int) -> None: ...
+
+    def checkpoint_state(self) -> dict[str, Any]: ...
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> dict[str, Any]: ...
+
+    def report(self) -> dict[str, Any]: ...
 
 
 def _reset(env: TextEnv, task: Task, seed: int, split: str) -> tuple[str, dict[str, Any]]:
@@ -80,7 +131,7 @@ def _source(env: TextEnv) -> Source:
     raise ValueError(f"env {env.name!r} has source {source!r}; expected 'real' or 'synthetic'")
 
 
-class LocalEnvPool:
+class LocalEnvPool(PoolHooks):
     """``num_envs`` env instances in this process, made by ``factory``; stepped one after the other."""
 
     def __init__(self, factory: EnvFactory, num_envs: int) -> None:
@@ -126,7 +177,7 @@ class _EnvActor:
         return _step(self.env, action)
 
 
-class RayEnvPool:
+class RayEnvPool(PoolHooks):
     """The same interface with each env in its own Ray actor, so slow envs step in parallel processes.
 
     ``factory`` must be picklable (use :func:`env_factory`). Ray is imported here only; install it with
@@ -186,6 +237,7 @@ __all__ = [
     "EnvFactory",
     "EnvPool",
     "LocalEnvPool",
+    "PoolHooks",
     "RayEnvPool",
     "StepResult",
     "env_factory",

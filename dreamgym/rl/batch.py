@@ -1,0 +1,96 @@
+"""Turn batches: one row per turn (prompt + response, loss mask on the response), with its advantage.
+
+GRPO: every turn of an episode gets its episode's group-normalised return; PPO: turn-level GAE(γ, λ) with the
+critic's V(s_t) (:mod:`dreamgym.rl.advantages`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dreamgym.rl.advantages import episode_gae, group_advantages
+from dreamgym.rl.config import RLConfig
+from dreamgym.rl.losses import masked_whiten
+from dreamgym.rl.rollout import Episode
+
+
+@dataclass
+class TurnRow:
+    """One turn as a training row: prompt (context) + response (trained), with its targets."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    old_logprobs: list[float]
+    advantage: float = 0.0
+    ret: float = 0.0  # PPO: the critic's regression target (λ-return)
+    old_value: float = 0.0  # PPO: V(s_t) at rollout time
+
+
+def turn_rows(episodes: Sequence[Episode]) -> list[TurnRow]:
+    rows = []
+    for e in episodes:
+        for t in e.turns:
+            if t.logprobs is None:
+                raise ValueError("training needs sampled rollouts with log-probs (greedy=False)")
+            rows.append(TurnRow(t.prompt_ids, t.response_ids, t.logprobs))
+    return rows
+
+
+def collate(rows: Sequence[TurnRow], pad_id: int, with_response: bool = True) -> dict[str, Tensor]:
+    """Right-padded ``input_ids``/``attention_mask`` [B, L]; ``mask`` is 1 on response tokens only, and
+    ``old_logp`` holds the behaviour log-probs at those positions (aligned with the token they score)."""
+    seqs = [r.prompt_ids + r.response_ids if with_response else r.prompt_ids for r in rows]
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros((len(rows), width))
+    old_logp = torch.zeros((len(rows), width))
+    for i, (r, s) in enumerate(zip(rows, seqs, strict=True)):
+        ids[i, : len(s)] = torch.tensor(s)
+        attn[i, : len(s)] = 1
+        if with_response:
+            start, end = len(r.prompt_ids), len(s)
+            mask[i, start:end] = 1.0
+            old_logp[i, start:end] = torch.tensor(r.old_logprobs)
+    return {"input_ids": ids, "attention_mask": attn, "mask": mask, "old_logp": old_logp}
+
+
+def grpo_advantages(
+    episodes: Sequence[Episode], rows: list[TurnRow], normalize_std: bool, turn_weighting: str = "token"
+) -> None:
+    """GRPO: every turn of an episode gets its episode's group-normalised (shaped) return; with
+    ``turn_weighting="episode"`` scaled by mean_turns / turns, so every episode weighs the same in the loss."""
+    returns = torch.tensor([e.shaped_return for e in episodes], dtype=torch.float64)
+    advantages = group_advantages(returns, [e.group_id for e in episodes], normalize_std=normalize_std)
+    mean_turns = sum(len(e.turns) for e in episodes) / max(len(episodes), 1)
+    scale = [mean_turns / max(len(e.turns), 1) if turn_weighting == "episode" else 1.0 for e in episodes]
+    turn_adv = [float(a) * w for e, a, w in zip(episodes, advantages, scale, strict=True) for _ in e.turns]
+    for row, a in zip(rows, turn_adv, strict=True):
+        row.advantage = a
+
+
+def ppo_advantages(
+    episodes: Sequence[Episode], rows: list[TurnRow], cfg: RLConfig, last_values: Sequence[float | None] | None = None
+) -> None:
+    """PPO: turn-level GAE per episode. The prompt shows the step number, so the step limit is part of the
+    state and a truncated episode's last turn is terminal like any other (no bootstrap past it), unless
+    ``last_values`` gives V(s_T) of the cut episodes (``cfg.bootstrap_truncated``; see ``episode_gae``)."""
+    i = 0
+    for j, e in enumerate(episodes):
+        n = len(e.turns)
+        advantages, returns = episode_gae([t.reward for t in e.turns], [r.old_value for r in rows[i : i + n]],
+                                          cfg.gamma, cfg.lam, None if last_values is None else last_values[j])
+        for row, a, r in zip(rows[i : i + n], advantages, returns, strict=True):
+            row.advantage, row.ret = a, r
+        i += n
+    if cfg.normalize_advantages and len(rows) > 1:
+        adv = torch.tensor([r.advantage for r in rows])
+        for row, a in zip(rows, masked_whiten(adv, torch.ones_like(adv)).tolist(), strict=True):
+            row.advantage = a
+
+
+__all__ = ["TurnRow", "collate", "grpo_advantages", "ppo_advantages", "turn_rows"]

@@ -1,0 +1,156 @@
+"""The RL run's configuration (``RUN/config.yaml``) and the pools it rolls out and evaluates in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from dreamgym.curriculum.config import CURRICULUM_FIELDS, CurriculumConfig
+from dreamgym.envs.pool import EnvFactory, EnvPool, env_factory, make_pool
+from dreamgym.experience.dream import DreamConfig, open_dream
+from dreamgym.rl.losses import AggMode, KLKind, check_kl_loss
+
+
+class RLConfig(BaseModel):
+    """Everything a run needs; saved as ``RUN/config.yaml``. Defaults suit the CPU tiny policy."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    algo: Literal["grpo", "ppo"] = "grpo"
+    init: str | None = Field(default=None, description="policy run dir or HF model dir to start from")
+    env: str = "shop"
+    env_kwargs: dict[str, Any] = Field(default_factory=dict)
+    env_backend: Literal["local", "ray"] = "local"
+    train_split: str = "train"
+    eval_split: str = "test"
+    # rollouts
+    iterations: int = Field(default=20, ge=1)
+    tasks_per_iter: int = Field(default=8, ge=1, description="16 in the paper")
+    group_size: int = Field(default=8, ge=1)
+    max_steps: int = Field(default=15, ge=1)
+    temperature: float = Field(default=1.0, gt=0, description="sampling temperature (log-probs use it too)")
+    invalid_action_penalty: float = Field(default=0.1, ge=0)
+    real_transition_budget: int | None = Field(
+        default=None, ge=1, description="stop once this many are used; the last iterations shrink to fit it")
+    strict_budget: bool = Field(default=False, description="never exceed real_transition_budget: stop when not "
+                                "even one group of episodes is certain to fit (else one more group runs)")
+    # optimisation
+    lr: float = Field(default=5e-5, gt=0, description="the paper's 1e-6 is for 3B–8B models")
+    critic_lr: float = Field(default=1e-4, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    ppo_epochs: int = Field(default=1, ge=1)
+    minibatch_size: int = Field(default=128, ge=1, description="turns per optimizer step")
+    micro_batch_size: int = Field(default=32, ge=1, description="turns per forward pass (gradient accumulation)")
+    clip_eps: float = Field(default=0.2, gt=0)
+    clip_eps_high: float | None = Field(default=None, gt=0)
+    loss_agg: AggMode = "token-mean"
+    kl_coef: float = Field(default=0.0, ge=0, description="0.02 in the paper; 0 skips the reference model")
+    kl_estimator: KLKind = "k3"
+    entropy_coef: float = Field(default=0.0, ge=0)
+    normalize_std: bool = Field(default=True, description="GRPO; False = Dr.GRPO")
+    turn_weighting: Literal["token", "episode"] = Field(
+        default="token", description="GRPO: 'episode' scales each turn's advantage by mean_turns/turns, so a long "
+        "failed episode does not outweigh a short success (benchmarks/results/shop_rl.json, notes)")
+    gamma: float = Field(default=0.99, ge=0, le=1, description="PPO")
+    lam: float = Field(default=0.95, ge=0, le=1, description="PPO")
+    vf_clip: float | None = Field(default=0.2, gt=0, description="PPO")
+    normalize_advantages: bool = Field(default=True, description="PPO: whiten advantages over the batch")
+    # evaluation, logging, checkpoints
+    eval_every: int = Field(default=5, ge=0, description="0: only at the start and the end")
+    eval_episodes: int = Field(default=100, ge=0)
+    eval_at_start: bool = True
+    save_every: int = Field(default=5, ge=1)
+    save_rollouts: bool = Field(default=True, description="write each iteration's episodes to RUN/rollouts/")
+    seed: int = 0
+    num_threads: int | None = Field(default=2, ge=1)
+    # DreamGym: roll out in the experience model's dream instead of the real env (None: the real env)
+    dream: DreamConfig | None = None
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="dream runs only")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _curriculum_from_dream(cls, data: Any) -> Any:
+        """Configs written before ``curriculum`` existed set its fields inside ``dream``: they move there."""
+        if not isinstance(data, dict) or not isinstance(data.get("dream"), dict):
+            return data
+        moved = {k: v for k, v in data["dream"].items() if k in CURRICULUM_FIELDS}
+        if not moved:
+            return data
+        given = data.get("curriculum") or {}
+        given = given.model_dump(exclude_unset=True) if isinstance(given, BaseModel) else given
+        dream = {k: v for k, v in data["dream"].items() if k not in CURRICULUM_FIELDS}
+        return {**data, "dream": dream, "curriculum": {**moved, **given}}
+
+    @model_validator(mode="after")
+    def _check(self) -> RLConfig:
+        if self.algo == "grpo" and self.group_size < 2:
+            raise ValueError("GRPO needs group_size >= 2 (a group of one has no baseline)")
+        return self
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> RLConfig:
+        from dreamgym.types import read_yaml_mapping
+
+        return cls.model_validate({**read_yaml_mapping(path, "RL config"), **(overrides or {})})
+
+    # RL details (issue 14): on-policy sampling, truncation bootstrap, dual-clip
+    top_p: float = Field(default=1.0, gt=0, le=1, description="on-policy sampling: only 1.0 (a loaded policy's "
+                         "saved top_p is overridden, with a warning)")
+    top_k: int | None = Field(default=None, ge=0, description="on-policy sampling: only None or 0 (off)")
+    bootstrap_truncated: bool = Field(
+        default=False, description="PPO: bootstrap an episode cut by max_steps with the critic's V(s_T) instead of "
+        "V_T = 0. Off by default: the prompt shows the step number and a run has one max_steps, so the limit is "
+        "part of the state and the cut is terminal; on when the horizon is not (e.g. it differs between phases)")
+    clip_ratio_c: float | None = Field(default=None, gt=1, description="dual-clip PPO: cap the loss of A < 0 "
+                                       "tokens at -c*A (verl uses 3.0); None: off")
+
+    @model_validator(mode="after")
+    def _check_rl_details(self) -> RLConfig:
+        if self.top_p != 1.0 or self.top_k not in (None, 0):
+            raise ValueError(
+                f"top_p={self.top_p:g}, top_k={self.top_k}: on-policy RL samples with top_p=1.0 and no top_k, because "
+                "the loss scores each token under the full softmax; truncated sampling would bias the policy gradient")
+        check_kl_loss(self.kl_estimator)
+        return self
+
+
+def make_env_factory(cfg: RLConfig) -> EnvFactory:
+    """The one place the trainer creates envs."""
+    return env_factory(cfg.env, **cfg.env_kwargs)
+
+
+def open_pools(cfg: RLConfig) -> tuple[EnvPool, EnvPool | None]:
+    """The pool rollouts run in (the real env, or the dream: M_exp + replay buffer, the real env only as the
+    action grammar) and the one evaluations run in (always the real env; None when a dream run evaluates nothing)."""
+    num_envs = cfg.tasks_per_iter * cfg.group_size
+    if cfg.dream is None:
+        pool = make_pool(make_env_factory(cfg), num_envs, cfg.env_backend)
+        return pool, pool
+    real_tasks = make_env_factory(cfg)()
+    splits = {split: real_tasks.tasks(split) for split in {cfg.train_split, cfg.eval_split}}
+    real_tasks.close()
+    dream = open_dream(cfg.dream, cfg.env, cfg.env_kwargs, cfg.max_steps, splits, num_envs)
+    if not cfg.eval_episodes:
+        return dream, None
+    return dream, make_pool(make_env_factory(cfg), min(cfg.eval_episodes, 64), cfg.env_backend)
+
+
+def tasks_within_budget(cfg: RLConfig, used: int) -> int:
+    """Tasks to roll out this iteration so that a real-transition budget is not overrun by a whole iteration.
+
+    An episode takes at most ``max_steps`` env steps, so ``remaining // (group_size * max_steps)`` groups can
+    never exceed the budget; when not even one group is certain to fit, one group still runs (the overshoot is
+    then below ``group_size * max_steps`` transitions, and the counter reports it exactly), or, with
+    ``cfg.strict_budget``, none does (0: training stops within the budget).
+    """
+    if cfg.real_transition_budget is None:
+        return cfg.tasks_per_iter
+    remaining = cfg.real_transition_budget - used
+    fit = min(cfg.tasks_per_iter, remaining // (cfg.group_size * cfg.max_steps))
+    return max(0 if cfg.strict_budget else 1, fit)
+
+
+__all__ = ["RLConfig", "make_env_factory", "open_pools", "tasks_within_budget"]
