@@ -241,8 +241,8 @@ def test_a_saved_top_p_below_one_is_overridden_for_rl(
 
 
 def test_ppo_bootstraps_truncated_episodes_with_the_critic_when_asked() -> None:
-    from dreamgym.rl.rollout import Episode, Turn
     from dreamgym.rl.batch import TurnRow, ppo_advantages
+    from dreamgym.rl.rollout import Episode, Turn
     from dreamgym.types import Task
 
     e = Episode(task=Task(task_id="t", instruction="x"), group_id=0, seed=0, source="real")
@@ -345,3 +345,9 @@ def test_real_pools_keep_the_no_op_pool_hooks() -> None:
     assert isinstance(pool, EnvPool) and pool.task_generator_llm is None and pool.encoder is None
     assert pool.checkpoint_state() == {} and pool.load_checkpoint_state({"buffer_rows": 5}) == {} and pool.report() == {}
     pool.close()
+
+
+def test_a_run_without_evaluation_episodes_trains_and_says_it_has_no_success_rate(sft_run: Path, tmp_path: Path) -> None:
+    summary = train(config(sft_run, eval_episodes=0), tmp_path / "run")  # crashed in the final evaluation
+    assert summary["iterations"] == 1 and summary["evals"] == [] and summary["success_rate"] is None
+    assert summary["real_transitions"] > 0

@@ -118,3 +118,29 @@ def test_the_demo_takes_the_users_own_offline_file(tmp_path: Path) -> None:
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(ValueError, match="no trajectories"):
         summarize_file(tmp_path / "empty.jsonl")
+
+
+def test_an_env_whose_reset_forgets_the_task_is_told_the_cause() -> None:
+    from dreamgym.envs import TextEnv
+
+    class Forgetful(TextEnv):
+        name = "forgetful"
+
+        def _reset(self, task, split):  # type: ignore[no-untyped-def]
+            return "[1] text: hello", {}
+
+    with pytest.raises(TypeError, match=r"Forgetful._reset must set self.task"):
+        Forgetful().reset(seed=0)
+
+
+def test_register_takes_only_envspec_fields_and_specs_say_what_they_hold() -> None:
+    import dreamgym
+    from dreamgym.envs import spec
+
+    with pytest.raises(TypeError, match="EnvSpec fields are name, entry_point, policies"):
+        dreamgym.register("typo", "x:Y", explainr="x:f")
+    shop = spec("shop")
+    assert shop.load("explainer").__module__ == "dreamgym.envs.shop.explain"
+    assert spec("agentgym").load("explainer") is None and spec("agentgym").demo_defaults == {}
+    with pytest.raises(ValueError, match="unknown env 'nope'"):
+        spec("nope")

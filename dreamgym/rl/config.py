@@ -128,7 +128,7 @@ def open_pools(cfg: RLConfig) -> tuple[EnvPool, EnvPool | None]:
     num_envs = cfg.tasks_per_iter * cfg.group_size
     if cfg.dream is None:
         pool = make_pool(make_env_factory(cfg), num_envs, cfg.env_backend)
-        return pool, pool
+        return pool, pool if cfg.eval_episodes else None
     real_tasks = make_env_factory(cfg)()
     splits = {split: real_tasks.tasks(split) for split in {cfg.train_split, cfg.eval_split}}
     real_tasks.close()
