@@ -4,19 +4,25 @@ the run directory.
     collect offline data → annotate (rule) → train M_exp → [fidelity of M_exp] → SFT warm start → GRPO-real
     → DreamGym (dream GRPO) → DreamGym-S2R → Table 1 (table.json) + success-vs-real-transitions plot
 
-A stage is done when its output marker exists; rerunning the demo skips it, and an interrupted training stage
-resumes from its own checkpoint. Every number in the table is measured here, on the env's held-out test
-tasks, with the real transitions each method consumed (offline data counted apart, as in the paper). The
-optional fidelity stage (``heldout_episodes > 0``) scores M_exp on noisy-oracle episodes of the test tasks.
+Each stage records a cache key (:func:`stage_keys`: the config fields it reads and the keys of the stages it
+takes outputs from) in its marker, ``RUN/stages/<stage>.json``. A rerun reuses a stage whose key matches,
+refuses one made under another key (the error names the field that differs), and with ``force`` redoes it and
+the stages that depend on it; an interrupted stage resumes from its own checkpoint (under the same key only).
+Every number in the table is measured here, on the env's held-out test tasks, with the real transitions each
+method consumed (offline data counted apart, as in the paper). The optional fidelity stage
+(``heldout_episodes > 0``) scores M_exp on noisy-oracle episodes of the test tasks.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -95,16 +101,22 @@ class DemoConfig(BaseModel):
     exp_protocol: dict[str, Any] = Field(default_factory=lambda: {"k": 1, "neighbour_states": False,
                                                                   "system_prompt": "", "history_window": 2,
                                                                   "ground_action": True})
-    exp_sft: dict[str, Any] = Field(default_factory=lambda: {"epochs": 3, "learning_rate": 2e-3, "batch_size": 16,
-                                                             "max_length": 768, "time_budget_s": 900,
-                                                             "num_threads": 2})
+    exp_sft: dict[str, Any] = Field(
+        default_factory=lambda: {"epochs": 3, "learning_rate": 2e-3, "batch_size": 16, "max_length": 768,
+                                 "time_budget_s": 14400, "num_threads": 2},
+        description="SFTConfig fields of M_exp's training, budgeted in epochs (or max_steps) so that a seed gives "
+        "the same model on any machine; time_budget_s is only a safety cap (train_exp.json's time_cap_fired says "
+        "whether it cut the schedule short)")
     exp_mixture: dict[str, float] | None = Field(default=None, description="examples per transition by the page "
                                                  "type of its next state (None = each once; the shop's EnvSpec gives one)")
     # policy: the same pre-trained base ("micro" is the former from-scratch default)
     policy_model: str = "pretrained"
     policy: dict[str, Any] = Field(default_factory=dict, description="PolicyConfig fields")
-    sft: dict[str, Any] = Field(default_factory=lambda: {"epochs": 2, "learning_rate": 3e-3, "batch_size": 32,
-                                                         "time_budget_s": 600, "num_threads": 1})
+    sft: dict[str, Any] = Field(
+        default_factory=lambda: {"epochs": 2, "learning_rate": 3e-3, "batch_size": 32, "time_budget_s": 14400,
+                                 "num_threads": 1},
+        description="SFTConfig fields of the policy's warm start, budgeted in epochs (or max_steps); "
+        "time_budget_s is only a safety cap (sft.json's time_cap_fired says whether it fired)")
     # RL: the settings that raised the real shop's success on 3 of 3 seeds (benchmarks/results/shop_rl.json)
     rl: dict[str, Any] = Field(default_factory=lambda: {"iterations": 16, "tasks_per_iter": 8, "group_size": 8,
                                                         "lr": 1e-4, "normalize_std": False, "turn_weighting": "episode",
@@ -161,17 +173,120 @@ def demo_config(profile: str, overrides: dict[str, Any] | None = None, config: P
     return DemoConfig.model_validate(fields)
 
 
-def _stage(name: str, marker: Path, run: Callable[[], Any]) -> Any:
-    """Run a stage unless its marker (a JSON result file) exists; return the JSON result."""
-    if marker.exists():
+class Stage(NamedTuple):
+    """A demo stage for its cache key: what it is called, the DemoConfig fields it reads, the stages whose
+    outputs it takes (their keys stand in for their content) and its outputs in the run dir (what ``--force``
+    deletes before redoing it)."""
+
+    title: str
+    fields: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+# In pipeline order; each stage's marker is RUN/stages/<name>.json. A field read through an input stage (env, seed)
+# is in that stage's key already.
+STAGES: dict[str, Stage] = {
+    "collect": Stage("collect offline data", ("env", "env_kwargs", "seed", "offline_episodes", "offline_file",
+                                              "collect_policy", "noise"), (), ("offline.jsonl",)),
+    "annotate": Stage("annotate reasoning", ("annotator", "annotator_llm"), ("collect",), ("offline_annotated.jsonl",)),
+    "train_exp": Stage("train the experience model", ("exp_model", "exp_protocol", "exp_sft", "exp_mixture"),
+                       ("annotate",), ("experience_model", "buffer", "buffer.partial")),
+    "fidelity": Stage("fidelity of the experience model", ("heldout_episodes", "heldout_noise"), ("train_exp",),
+                      ("heldout.jsonl", "heldout_annotated.jsonl", "fidelity.json")),
+    "sft": Stage("SFT warm start", ("policy_model", "policy", "sft", "eval_episodes", "max_steps", "eval_num_envs"),
+                 ("collect",), ("sft",)),
+    "grpo_real": Stage("GRPO in the real env", ("rl",), ("sft",), ("grpo_real",)),
+    "dreamgym": Stage("DreamGym", ("rl", "dream", "dream_iterations"), ("sft", "train_exp"),
+                      ("dreamgym", "dream_buffer", "dream_buffer.partial")),
+    "s2r": Stage("DreamGym-S2R", ("s2r_share",), ("dreamgym", "grpo_real"), ("s2r",)),
+}
+
+
+def stage_keys(cfg: DemoConfig) -> dict[str, dict[str, Any]]:
+    """Each stage's cache key: ``inputs``, the values of the :data:`STAGES` fields it reads (dicts flattened to
+    ``field.key``; an ``offline_file`` by its sha256, not its path) and ``stage <name>``, the hash of each input
+    stage's key; and ``hash``, a hash of those inputs. A change upstream thus changes every key downstream."""
+    values = {**cfg.model_dump(mode="json"), "annotator": annotator_name(cfg)}
+    if cfg.offline_file is not None:
+        values["offline_file"] = "sha256:" + hashlib.sha256(cfg.offline_file.read_bytes()).hexdigest()
+    keys: dict[str, dict[str, Any]] = {}
+    for name, stage in STAGES.items():
+        inputs = _flatten({f: values[f] for f in stage.fields})
+        inputs.update({f"stage {s}": keys[s]["hash"] for s in stage.inputs})
+        digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+        keys[name] = {"hash": digest, "inputs": inputs}
+    return keys
+
+
+def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for k, v in values.items():
+        flat.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}": v})
+    return flat
+
+
+def _stale(marker: Path, key: dict[str, Any]) -> str | None:
+    """Why the stage of ``marker`` (finished, or begun: ``<stage>.started.json``) cannot be reused under ``key``;
+    None when it can or nothing of it is there."""
+    started = marker.with_suffix(".started.json")
+    found = marker if marker.exists() else started if started.exists() else None
+    if found is None:
+        return None
+    title = STAGES[marker.stem].title if marker.stem in STAGES else marker.stem
+    old = json.loads(found.read_text()).get("cache_key")
+    if old is None:
+        return f"stage {title!r} ({found}) was made by an older dreamgym that did not record its config (no cache_key)"
+    if old["hash"] == key["hash"]:
+        return None
+    was, now = old.get("inputs", {}), key["inputs"]
+
+    def show(inputs: dict[str, Any], k: str) -> str:
+        return json.dumps(inputs[k]) if k in inputs else "no such field"
+
+    diffs = [f"the output of another {STAGES[k[6:]].title!r} stage" if k.startswith("stage ") and k[6:] in STAGES
+             else f"{k}={show(was, k)}, this config has {show(now, k)}"
+             for k in sorted({*was, *now}) if was.get(k, ...) != now.get(k, ...)]
+    return f"stage {title!r} was made with " + ("; ".join(diffs) or f"cache key {old['hash']}, this config's is "
+                                                f"{key['hash']}")
+
+
+FORCE_HINT = "rerun with --force to redo it and the stages that depend on it"
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def _stage(name: str, marker: Path, run: Callable[[], Any], key: dict[str, Any], force: bool = False,
+           outputs: Sequence[Path] = ()) -> Any:
+    """Run a stage unless its marker (a JSON result file) holds ``key``; return the JSON result (with its
+    ``cache_key``). A stage made or begun under another key is a ValueError naming what differs; with ``force``
+    its marker and ``outputs`` are deleted first and it reruns. ``name``: what the console shows."""
+    stale = _stale(marker, key)
+    if stale is not None:
+        if not force:
+            raise ValueError(f"{stale}; {FORCE_HINT}")
+        console.print(f"[yellow]{stale}: redoing it (--force)[/yellow]")
+        for path in (marker, *outputs):
+            _remove(path)
+    elif marker.exists():
         console.print(f"[dim]✓ {name} (cached: {marker})[/dim]")
         return json.loads(marker.read_text())
     console.rule(f"[bold]{name}")
+    started = marker.with_suffix(".started.json")
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    started.write_text(json.dumps({"cache_key": key}, indent=2))  # a rerun resumes this attempt only under key
     t0 = time.monotonic()
     result = run()
-    result = {**result, "stage_seconds": round(time.monotonic() - t0, 1)}
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps(result, indent=2))
+    result = {**result, "stage_seconds": round(time.monotonic() - t0, 1), "cache_key": key}
+    partial = marker.with_suffix(".partial")
+    partial.write_text(json.dumps(result, indent=2))
+    os.replace(partial, marker)
+    started.unlink()
     return result
 
 
@@ -279,7 +394,9 @@ def fidelity(cfg: DemoConfig, out: Path, exp_dir: Path) -> dict[str, Any]:
     return {"heldout": data, **{k: report.get(k) for k in FIDELITY_KEYS}}
 
 
-def run_demo(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
+def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, Any]]:
+    """Run (or reuse, :func:`_stage`) every stage in ``out``; ``force``: redo the stages made under another config
+    and those that depend on them, instead of refusing."""
     from dreamgym.agent.policy import PolicyConfig, load_policy
     from dreamgym.baselines.sft import train_bc
     from dreamgym.curriculum.config import CURRICULUM_FIELDS
@@ -291,6 +408,11 @@ def run_demo(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
     from dreamgym.rl.trainer import RLConfig, train
     from dreamgym.sft import SFTConfig
 
+    keys = stage_keys(cfg)
+    if not force:  # refuse before anything is written (demo_config.yaml included)
+        for name in keys:
+            if (name != "fidelity" or cfg.heldout_episodes) and (stale := _stale(out / f"stages/{name}.json", keys[name])):
+                raise ValueError(f"{stale}; {FORCE_HINT}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo_config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
     env = cfg.env
@@ -298,22 +420,26 @@ def run_demo(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
     total = 8 if cfg.heldout_episodes else 7
     numbered = iter(f"{i}/{total}" for i in range(1, total + 1))
 
+    def stage(name: str, title: str, run: Callable[[], Any]) -> Any:
+        outputs = [out / p for p in STAGES[name].outputs]
+        if cfg.offline_file is not None:  # never the user's own data
+            outputs = [p for p in outputs if p.resolve() != cfg.offline_file.resolve()]
+        return _stage(f"{next(numbered)} {title}", out / f"stages/{name}.json", run, keys[name], force, outputs)
+
     if cfg.offline_file is not None:
         offline = cfg.offline_file
-        data = _stage(f"{next(numbered)} offline data: {offline}", out / "stages/collect.json",
-                      lambda: summarize_file(offline))
+        data = stage("collect", f"offline data: {offline}", lambda: summarize_file(offline))
     else:
-        data = _stage(f"{next(numbered)} collect offline data", out / "stages/collect.json",
-                      lambda: collect_episodes(cfg, offline, cfg.offline_episodes, "train", cfg.seed))
-    _stage(f"{next(numbered)} annotate reasoning ({annotator_name(cfg)})", out / "stages/annotate.json",
-           lambda: annotate(cfg, offline, annotated))
-    _stage(f"{next(numbered)} train the experience model", out / "stages/train_exp.json", lambda: train_experience_model(
+        data = stage("collect", "collect offline data",
+                     lambda: collect_episodes(cfg, offline, cfg.offline_episodes, "train", cfg.seed))
+    stage("annotate", f"annotate reasoning ({annotator_name(cfg)})", lambda: annotate(cfg, offline, annotated))
+    stage("train_exp", "train the experience model", lambda: train_experience_model(
         [annotated], cfg.exp_model, exp_dir, ProtocolConfig(**cfg.exp_protocol), SFTConfig(**cfg.exp_sft),
         buffer_dir=out / "buffer", mixture=cfg.exp_mixture, seed=cfg.seed))
     fid = None
-    if cfg.heldout_episodes:  # before the dream stage, which adds its rollouts to the buffer
-        fid = _stage(f"{next(numbered)} fidelity of the experience model (held-out real transitions)",
-                     out / "stages/fidelity.json", lambda: fidelity(cfg, out, exp_dir))
+    if cfg.heldout_episodes:
+        fid = stage("fidelity", "fidelity of the experience model (held-out real transitions)",
+                    lambda: fidelity(cfg, out, exp_dir))
 
     # Tiny policies answer option numbers (index actions); see dreamgym.agent.policy.
     policy_cfg = PolicyConfig(**cfg.policy)
@@ -324,9 +450,11 @@ def run_demo(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
         t0 = time.monotonic()
         res = evaluate_policy(load_policy(sft_dir), env_factory(env, **cfg.env_kwargs), "test", cfg.eval_episodes,
                               seed=cfg.seed, max_steps=cfg.max_steps, num_envs=cfg.eval_num_envs)
-        return {"method": "SFT", "real_transitions": 0, **res.to_dict(), "seconds": round(time.monotonic() - t0, 1)}
+        trained = json.loads((sft_dir / "summary.json").read_text())
+        return {"method": "SFT", "real_transitions": 0, **res.to_dict(), "seconds": round(time.monotonic() - t0, 1),
+                "train_steps": trained.get("steps"), "time_cap_fired": trained.get("time_cap_fired")}
 
-    rows = [_stage(f"{next(numbered)} SFT warm start (behaviour cloning)", out / "stages/sft.json", sft)]
+    rows = [stage("sft", "SFT warm start (behaviour cloning)", sft)]
 
     def rl_stage(name: str, run_dir: Path, overrides: dict[str, Any]) -> dict[str, Any]:
         rl_cfg = RLConfig.model_validate({"max_steps": cfg.max_steps, **cfg.rl, "env": env, "env_kwargs": cfg.env_kwargs,
@@ -338,21 +466,29 @@ def run_demo(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
                 "synthetic_transitions": s.get("synthetic_transitions", 0), "evals": s["evals"],
                 "wm2real": s.get("wm2real")}
 
-    grpo = _stage(f"{next(numbered)} GRPO in the real {env}", out / "stages/grpo_real.json",
-                  lambda: rl_stage("GRPO (real)", out / "grpo_real", {"init": str(sft_dir)}))
-    # the demo's `dream` holds DreamConfig's fields and the curriculum's (RLConfig.curriculum)
+    grpo = stage("grpo_real", f"GRPO in the real {env}",
+                 lambda: rl_stage("GRPO (real)", out / "grpo_real", {"init": str(sft_dir)}))
+    # the demo's `dream` holds DreamConfig's fields and the curriculum's (RLConfig.curriculum); the dream adds its
+    # rollouts to a copy of M_exp's buffer, so that M_exp's stage outputs stay as it made them
+    dream_buffer = out / "dream_buffer"
     dream_cfg = {**{k: v for k, v in cfg.dream.items() if k not in CURRICULUM_FIELDS},
-                 "experience_model": str(exp_dir), "buffer": str(out / "buffer"), "offline_data": [str(offline)]}
+                 "experience_model": str(exp_dir), "buffer": str(dream_buffer), "offline_data": [str(offline)]}
     curriculum = {k: v for k, v in cfg.dream.items() if k in CURRICULUM_FIELDS}
-    dreamgym = _stage(f"{next(numbered)} DreamGym: GRPO in the dream (0 real transitions)", out / "stages/dreamgym.json",
-                      lambda: rl_stage("DreamGym", out / "dreamgym", {"init": str(sft_dir), "dream": dream_cfg,
-                                                                       "curriculum": curriculum,
-                                                                       "iterations": cfg.dream_iterations}))
+
+    def dream() -> dict[str, Any]:
+        if (out / "buffer").is_dir() and not dream_buffer.exists():
+            partial = out / "dream_buffer.partial"
+            _remove(partial)
+            shutil.copytree(out / "buffer", partial)
+            os.replace(partial, dream_buffer)
+        return rl_stage("DreamGym", out / "dreamgym", {"init": str(sft_dir), "dream": dream_cfg,
+                                                       "curriculum": curriculum, "iterations": cfg.dream_iterations})
+
+    dreamgym = stage("dreamgym", "DreamGym: GRPO in the dream (0 real transitions)", dream)
     budget = max(1, int(cfg.s2r_share * max(grpo["real_transitions"], 1)))
-    s2r = _stage(f"{next(numbered)} DreamGym-S2R: continue in the real {env}", out / "stages/s2r.json",
-                 lambda: rl_stage("DreamGym-S2R", out / "s2r",
-                                  {"init": str(out / "dreamgym"), "real_transition_budget": budget,
-                                   "strict_budget": True}))
+    s2r = stage("s2r", f"DreamGym-S2R: continue in the real {env}",
+                lambda: rl_stage("DreamGym-S2R", out / "s2r", {"init": str(out / "dreamgym"),
+                                                               "real_transition_budget": budget, "strict_budget": True}))
     rows += [grpo, dreamgym, s2r]
     # seconds: the whole stage (training + evaluation) as first run
     table = [{**{k: r[k] for k in ("method", "real_transitions", "success_rate", "mean_reward")},

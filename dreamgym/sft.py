@@ -41,7 +41,8 @@ class SFTConfig(BaseModel):
 
     epochs: float = Field(default=3.0, gt=0)
     max_steps: int = Field(default=-1, description="overrides epochs when > 0")
-    time_budget_s: float | None = Field(default=None, description="stop (and save) after this many seconds")
+    time_budget_s: float | None = Field(default=None, description="stop (and save) after this many seconds; the "
+                                        "summary's time_cap_fired says whether it did (a schedule cut short)")
     learning_rate: float = Field(default=1e-3, gt=0)
     batch_size: int = Field(default=32, ge=1)
     grad_accum: int = Field(default=1, ge=1)
@@ -165,10 +166,12 @@ def _time_budget_callback(budget_s: float) -> Any:
     class TimeBudget(TrainerCallback):
         def __init__(self) -> None:
             self.t0 = time.monotonic()
+            self.fired = False
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
             if time.monotonic() - self.t0 >= budget_s:
                 log.warning("time budget of %.0f s reached at step %d: stopping", budget_s, state.global_step)
+                self.fired = True
                 control.should_training_stop = True
                 control.should_save = True
             return control
@@ -188,7 +191,8 @@ def train_sft(
     """Fine-tune ``model`` on ``examples`` and save it (merged, safetensors) with its tokenizer in ``out_dir``.
 
     Checkpoints go to ``out_dir/checkpoints`` and a rerun resumes from the newest one; tensorboard logs to
-    ``out_dir/checkpoints/runs``. Returns a summary (examples, target tokens, steps, final loss, seconds).
+    ``out_dir/checkpoints/runs``. Returns a summary (examples, target tokens, steps, final loss, seconds, and
+    ``time_cap_fired``: whether ``cfg.time_budget_s`` stopped it before its epochs / max_steps ended).
     """
     from transformers import Trainer, TrainingArguments
     from transformers.trainer_utils import get_last_checkpoint
@@ -258,4 +262,5 @@ def train_sft(
         "train_loss": result.training_loss,
         "seconds": round(seconds, 1),
         "resumed_from": last,
+        "time_cap_fired": any(cb.fired for cb in callbacks),
     }

@@ -243,3 +243,12 @@ def test_bc_time_budget_covers_preparation(oracle: list[Trajectory], tmp_path: P
     summary = train_bc([tmp_path / "d.jsonl"], "micro", tmp_path / "run", sft, PolicyConfig(action_format="index"))
     assert summary["sft_config"]["time_budget_s"] < 300.0  # the preparation's time came off it
     assert summary["sft_config"]["time_budget_s"] == pytest.approx(300.0 - summary["prep_seconds"], abs=0.06)
+    assert summary["time_cap_fired"] is False  # the epochs ended first
+
+
+def test_a_time_cap_that_cuts_the_schedule_short_is_reported(oracle: list[Trajectory], tmp_path: Path) -> None:
+    """time_budget_s is a safety cap: when it stops training before the epochs end, the summary says so."""
+    write_trajectories(tmp_path / "d.jsonl", oracle)
+    sft = SFTConfig(epochs=1000, batch_size=8, num_threads=1, save_steps=100000, time_budget_s=1.0)
+    summary = train_bc([tmp_path / "d.jsonl"], "micro", tmp_path / "run", sft, PolicyConfig(action_format="index"))
+    assert summary["time_cap_fired"] is True and summary["epochs"] < 1000

@@ -1,5 +1,6 @@
 """The end-to-end test: `dreamgym demo --profile micro` runs the whole pipeline on a fresh directory, writes
-Table 1 and the plot, and a rerun is served from the cached stages."""
+Table 1 and the plot, and a rerun is served from the cached stages; a rerun under another config is refused,
+and with --force redoes the stages that depend on the changed field only (tests/test_stage_cache.py: the rest)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pytest
 from dreamgym.pipeline import demo_config
 
 
-def run_demo(out: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dreamgym", "demo", "--profile", "micro", "--out", str(out)],
+def run_demo(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dreamgym", "demo", "--profile", "micro", "--out", str(out), *args],
                           capture_output=True, text=True, timeout=1500)
 
 
@@ -44,6 +45,23 @@ def test_micro_demo_end_to_end_and_cached_rerun(tmp_path: Path) -> None:
     assert again.stderr.count("cached") == 8  # every stage served from its marker: nothing is retrained
     assert {p: p.stat().st_mtime_ns for p in (out / "stages").glob("*.json")} == mtimes
     assert json.loads((out / "table.json").read_text())["rows"] == table["rows"]
+    # budgets are epochs/iterations; the micro profile sets no time cap, and the summaries say none fired
+    for stage in ("train_exp", "sft"):
+        assert json.loads((out / f"stages/{stage}.json").read_text())["time_cap_fired"] is False
+
+    config = (out / "demo_config.yaml").read_text()
+    refused = run_demo(out, "--set", "dream_iterations=1")
+    errors = [ln for ln in refused.stderr.splitlines() if ln.startswith("error:")]
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr and len(errors) == 1, refused.stderr[-2000:]
+    assert "stage 'DreamGym' was made with dream_iterations=2, this config has 1; rerun with --force" in errors[0]
+    assert (out / "demo_config.yaml").read_text() == config  # the evidence is kept
+    forced = run_demo(out, "--set", "dream_iterations=1", "--force")
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    assert forced.stderr.count("cached") == 6  # collect ... GRPO-real reused; DreamGym and S2R (its dependent) redone
+    redone = {p.stem for p, t in mtimes.items() if p.stat().st_mtime_ns != t}
+    assert redone == {"dreamgym", "s2r"}
+    assert json.loads((out / "dreamgym" / "summary.json").read_text())["iterations"] == 1
+    assert run_demo(out, "--set", "dream_iterations=1").stderr.count("cached") == 8
 
 
 def test_demo_config_layers_profile_file_and_overrides(tmp_path: Path) -> None:

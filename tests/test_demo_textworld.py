@@ -15,13 +15,13 @@ import yaml
 pytest.importorskip("textworld", reason="the textworld extra is not installed: pip install 'dreamgym[textworld]'")
 
 # The repo's config, shrunk: 3 train / 2 test games (generated once into the shared game cache), a handful of
-# episodes, one RL iteration of 2 tasks x 2 rollouts, a 20 s experience-model budget.
+# episodes, one RL iteration of 2 tasks x 2 rollouts, one epoch of each SFT.
 MICRO = {
     "env_kwargs": {"num_train_games": 3, "num_test_games": 2, "max_steps": 8, "max_commands": 16, "max_text": 150},
     "offline_episodes": 12, "eval_episodes": 2, "heldout_episodes": 2, "max_steps": 6, "eval_num_envs": 2,
     "exp_model": "micro",
-    "exp_sft": {"epochs": 1, "learning_rate": 3e-3, "batch_size": 16, "time_budget_s": 20, "num_threads": 1},
-    "sft": {"epochs": 1, "learning_rate": 3e-3, "batch_size": 16, "time_budget_s": 20, "num_threads": 1},
+    "exp_sft": {"epochs": 1, "learning_rate": 3e-3, "batch_size": 16, "num_threads": 1},
+    "sft": {"epochs": 1, "learning_rate": 3e-3, "batch_size": 16, "num_threads": 1},
     "rl": {"iterations": 1, "tasks_per_iter": 2, "group_size": 2, "eval_every": 0, "num_threads": 1,
            "max_steps": 4, "minibatch_size": 32},
     "dream": {"task_generator": "none", "synthetic_share": 0.0, "max_new_tokens": 48},

@@ -14,12 +14,14 @@ def demo(
                                        help="YAML of DemoConfig fields, applied over the profile (e.g. "
                                             "configs/textworld-tiny.yaml)"),
     set_: list[str] = typer.Option(None, "--set", help="override a DemoConfig field: key=value (repeat)"),
+    force: bool = typer.Option(False, "--force", help="redo the stages in --out made under another config and "
+                                                      "those that depend on them (without it: an error naming the field)"),
 ) -> None:
     """Collect → annotate → train M_exp → SFT → GRPO-real → DreamGym → S2R on an env; print Table 1."""
     from dreamgym.cli.train import parse_overrides
     from dreamgym.pipeline import demo_config, run_demo
 
-    run_demo(demo_config(profile, parse_overrides(set_), config), out)
+    run_demo(demo_config(profile, parse_overrides(set_), config), out, force=force)
 
 
 def register(app: typer.Typer) -> None:

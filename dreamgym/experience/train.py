@@ -403,6 +403,8 @@ def train_experience_model(
         "epochs": last["epochs"],
         "train_loss": last["train_loss"],
         "seconds": round(sum(r["seconds"] for r in runs), 1),
+        # the last call stopped on time (earlier snapshot segments stop on time by design): the schedule was cut
+        "time_cap_fired": last["time_cap_fired"],
         "prep_seconds": round(prep_s, 1),
         "protocol": protocol_cfg.model_dump(),
         "sft": sft_cfg.model_dump(),

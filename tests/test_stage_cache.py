@@ -1,0 +1,90 @@
+"""The demo's stage cache is keyed by config (issue 13): a stage is reused only under the key it was made with; a
+stage made under another key (or by the old code, with no key) is refused with the field that differs, and
+``force`` redoes it and the stages that depend on it, not the others. Fake stages: no training here (the real
+demo's rerun is in tests/test_demo.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dreamgym.pipeline import STAGES, DemoConfig, _stage, demo_config, run_demo, stage_keys
+
+
+def micro(**fields: Any) -> DemoConfig:
+    return demo_config("micro", fields)
+
+
+def run_fake_stages(out: Path, cfg: DemoConfig, force: bool = False) -> list[str]:
+    """Every stage of :data:`STAGES` in order, each writing its first output; the names of those that ran."""
+    keys, ran = stage_keys(cfg), []
+    for name, spec in STAGES.items():
+        def run(name: str = name, output: str = spec.outputs[0]) -> dict[str, Any]:
+            ran.append(name)
+            (out / output).write_text(name)
+            return {"stage": name}
+
+        _stage(name, out / f"stages/{name}.json", run, keys[name], force, [out / p for p in spec.outputs])
+    return ran
+
+
+def test_keys_follow_the_fields_and_stages_each_stage_depends_on(tmp_path: Path) -> None:
+    base = stage_keys(micro())
+    assert base == stage_keys(micro())  # deterministic
+    assert base["train_exp"]["inputs"]["exp_sft.epochs"] == 1 and base["train_exp"]["inputs"]["stage annotate"]
+    changed = stage_keys(micro(exp_sft={**micro().exp_sft, "epochs": 2}))
+    assert {s for s in STAGES if changed[s]["hash"] != base[s]["hash"]} == {"train_exp", "fidelity", "dreamgym", "s2r"}
+    changed = stage_keys(micro(seed=1))  # read by the first stage: every key changes
+    assert all(changed[s]["hash"] != base[s]["hash"] for s in STAGES)
+    data = tmp_path / "own.jsonl"
+    data.write_text("a\n")
+    own = stage_keys(micro(offline_file=data))
+    assert own["collect"]["inputs"]["offline_file"].startswith("sha256:")
+    data.write_text("b\n")  # the file's content, not its name, is in the key
+    assert stage_keys(micro(offline_file=data))["collect"]["hash"] != own["collect"]["hash"]
+
+
+def test_reuse_refuse_and_force_redo_only_the_dependent_stages(tmp_path: Path) -> None:
+    assert run_fake_stages(tmp_path, micro()) == list(STAGES)
+    assert run_fake_stages(tmp_path, micro()) == []  # the same config: all reused
+    marker = json.loads((tmp_path / "stages/train_exp.json").read_text())
+    assert marker["cache_key"] == stage_keys(micro())["train_exp"] and "stage_seconds" in marker
+    (tmp_path / "experience_model").unlink()
+    (tmp_path / "experience_model").mkdir()
+    (tmp_path / "experience_model" / "stale.bin").write_text("old weights")
+    two = micro(exp_sft={**micro().exp_sft, "epochs": 2})
+    with pytest.raises(ValueError, match=r"^stage 'train the experience model' was made with exp_sft.epochs=1, "
+                                         r"this config has 2; rerun with --force to redo it and the stages that "
+                                         r"depend on it$"):
+        run_fake_stages(tmp_path, two)
+    assert run_fake_stages(tmp_path, two, force=True) == ["train_exp", "fidelity", "dreamgym", "s2r"]
+    assert (tmp_path / "experience_model").read_text() == "train_exp"  # the old output was deleted first
+    assert run_fake_stages(tmp_path, two) == []
+
+
+def test_a_marker_without_a_key_or_a_begun_stage_under_another_key_is_refused(tmp_path: Path) -> None:
+    run_fake_stages(tmp_path, micro())
+    for marker in (tmp_path / "stages").glob("*.json"):  # a run dir of the old code: markers without a key
+        marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items() if k != "cache_key"}))
+    with pytest.raises(ValueError, match=r"^stage 'collect offline data' \(.*collect.json\) was made by an older "
+                                         r"dreamgym that did not record its config"):
+        run_fake_stages(tmp_path, micro())
+    assert run_fake_stages(tmp_path, micro(), force=True) == list(STAGES)
+    # an attempt interrupted under one key is not resumed under another
+    (tmp_path / "stages/s2r.json").unlink()
+    (tmp_path / "stages/s2r.started.json").write_text(json.dumps({"cache_key": stage_keys(micro())["s2r"]}))
+    with pytest.raises(ValueError, match=r"stage 'DreamGym-S2R' was made with s2r_share=1.0, this config has 0.5"):
+        run_fake_stages(tmp_path, micro(s2r_share=0.5))
+    assert run_fake_stages(tmp_path, micro()) == ["s2r"]  # under its own key it resumes
+
+
+def test_run_demo_refuses_before_writing_anything(tmp_path: Path) -> None:
+    run_fake_stages(tmp_path, micro())
+    (tmp_path / "demo_config.yaml").write_text("the config the stages were made under\n")
+    with pytest.raises(ValueError, match=r"stage 'annotate reasoning' was made with annotator=\"rule\", this "
+                                         r"config has \"diff\""):
+        run_demo(micro(annotator="diff"), tmp_path)
+    assert (tmp_path / "demo_config.yaml").read_text() == "the config the stages were made under\n"
