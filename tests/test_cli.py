@@ -54,6 +54,23 @@ def one_line_error(r: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+def test_split_is_train_val_or_test(tmp_path: Path) -> None:
+    """--split takes val; an unknown split, or the shop's val while it is off, is a one-line error."""
+    line = one_line_error(run("eval", "--env", "shop", "--split", "dev", "--episodes", "1"))
+    assert "unknown split 'dev'" in line and "train | val | test" in line, line
+    line = one_line_error(run("collect", "--env", "shop", "--split", "valid", "--out", str(tmp_path / "x.jsonl")))
+    assert "unknown split 'valid'" in line, line
+    line = one_line_error(run("eval", "--env", "shop", "--split", "val", "--episodes", "1", "--env-arg", "num_products=100"))
+    assert "val_fraction" in line, line
+    r = run("eval", "--env", "shop", "--policy", "oracle", "--split", "val", "--episodes", "3", "--json",
+            "--env-arg", "num_products=100", "--env-arg", "val_fraction=0.1")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["split"] == "val"
+    line = one_line_error(run("train", "--env", "shop", "--out", str(tmp_path / "r"), "--set", "eval_split=dev"))
+    assert "eval_split" in line and "'val'" in line, line
+    assert "train | val | test" in run("eval", "--help").stdout
+
+
 def test_config_errors_name_the_field_at_fault(tmp_path: Path) -> None:
     """Every config's validation error says which field and why, not just "1 validation error for X"."""
     line = one_line_error(run("train", "--env", "shop", "--out", str(tmp_path / "r"), "--set", "iterations=abc"))

@@ -51,6 +51,25 @@ def test_splits_by_variation_per_task_type(env: ScienceWorldEnv) -> None:
     assert all(t.instruction.startswith("Your task is") for t in train)
 
 
+def test_val_split_is_scienceworlds_dev_variations(env: ScienceWorldEnv) -> None:
+    train, val, test = env.tasks("train"), env.tasks("val"), env.tasks("test")
+    # the ids the code gave before val existed (commit 0338b17): ScienceWorld's train and test variations
+    assert [t.task_id for t in train[:3]] == [f"sw-find-living-thing-v{v}" for v in range(3)]
+    assert [t.task_id for t in test[:3]] == [f"sw-find-living-thing-v{v}" for v in (225, 226, 227)]
+    assert test[0].instruction.endswith("move it to the orange box in the living room.")
+    assert [t.task_id for t in val[:3]] == [f"sw-find-living-thing-v{v}" for v in (150, 151, 152)]
+    assert len(val) == 6 and env.tasks("dev") == val == env.tasks("val")  # deterministic; "dev" is val's other name
+    splits = {"train": train, "val": val, "test": test}
+    for a, b in (("train", "val"), ("train", "test"), ("val", "test")):
+        assert {t.task_id for t in splits[a]}.isdisjoint({t.task_id for t in splits[b]}), (a, b)
+        keys = {(t.goal["task_name"], t.goal["variation"]) for t in splits[a]}
+        assert keys.isdisjoint({(t.goal["task_name"], t.goal["variation"]) for t in splits[b]}), (a, b)
+    obs, info = env.reset(seed=0, options={"split": "val"})
+    assert info["task"] in val and obs
+    with pytest.raises(ValueError, match="unknown split"):
+        env.tasks("valid")
+
+
 def test_oracle_replays_task_exactly_and_succeeds(env: ScienceWorldEnv) -> None:
     task = env.tasks("test")[0]
     first = run_episode(env, env.scripted_policy("oracle"), task)

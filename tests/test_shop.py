@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import time
 
@@ -24,6 +26,7 @@ from dreamgym.envs.shop.reward import TYPE_MISMATCH
 from dreamgym.envs.shop.search import SearchEngine
 from dreamgym.envs.shop.tasks import split_targets
 from dreamgym.envs.shop.vocab import CATEGORIES
+from dreamgym.types import Task
 
 N = 300  # a small catalog keeps the tests fast; the default 1,000 is exercised by the policy tests
 
@@ -117,6 +120,59 @@ def test_tasks_deterministic_disjoint_and_feasible() -> None:
         assert goal.category in task.instruction and f"{goal.price_upper:.2f} dollars" in task.instruction
     with pytest.raises(ValueError, match="split"):
         build_tasks(N, 0, "dev", 10)
+
+
+def _digest(tasks: list[Task]) -> str:
+    h = hashlib.sha256()
+    for t in tasks:
+        h.update(json.dumps([t.task_id, t.instruction, t.goal], sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+# The default shop's train and test tasks as the code gave them before the val split existed (commit 0338b17):
+# every id, instruction and goal, hashed. Recorded results reproduce only while these hold.
+DEFAULT_DIGESTS = {"train": "43fd17b7d3196e62", "test": "fb0eef0dbe5b5448"}
+
+
+def test_val_split_leaves_train_and_test_as_before() -> None:
+    old = ShopEnv()  # the defaults of every recorded run: 1,000 products, 2,000 tasks per split, test_fraction 0.2
+    train, test = old.tasks("train"), old.tasks("test")
+    assert (train[0].task_id, train[0].goal["asin"], train[1].goal["asin"]) == ("shop-train-00000", "B07QHQBY", "B0O3UX25")
+    assert train[0].instruction == "i am looking for a durable and water resistant backpack, and price lower than 110.00 dollars"
+    assert (test[0].task_id, test[0].goal["asin"], test[1].goal["asin"]) == ("shop-test-00000", "B0QN80ND", "B0LAX62N")
+    assert {s: _digest(t) for s, t in (("train", train), ("test", test))} == DEFAULT_DIGESTS
+    with pytest.raises(ValueError, match="val_fraction"):  # off by default: its products would come out of train's
+        old.tasks("val")
+    with pytest.raises(ValueError, match="val split is off"):
+        old.reset(seed=0, options={"split": "val"})
+    assert old.get_task("shop-test-00001") == test[1]  # get_task looks in every split it has
+    with_val = ShopEnv(val_fraction=0.1)
+    assert with_val.tasks("test") == test  # test's targets and tasks never depend on val_fraction
+    assert _digest(ShopEnv(num_tasks_per_split=2000, val_fraction=0.0).tasks("train")) == DEFAULT_DIGESTS["train"]
+
+
+def test_val_split_is_disjoint_deterministic_and_playable() -> None:
+    env = ShopEnv(num_products=N, num_tasks_per_split=400, val_fraction=0.1, num_val_tasks=90)
+    splits = {s: env.tasks(s) for s in ("train", "val", "test")}
+    assert len(splits["val"]) == 90 and splits["val"][0].task_id == "shop-val-00000"
+    targets = split_targets(N, 0, 0.2, 0.1)
+    assert len(targets["val"]) == 30 and sum(map(len, targets.values())) == N
+    for a, b in (("train", "val"), ("train", "test"), ("val", "test")):
+        assert {t.task_id for t in splits[a]}.isdisjoint({t.task_id for t in splits[b]}), (a, b)
+        assert {t.goal["asin"] for t in splits[a]}.isdisjoint({t.goal["asin"] for t in splits[b]}), (a, b)
+        assert set(targets[a]).isdisjoint(targets[b]), (a, b)
+    catalog = build_catalog(N, 0)
+    assert {catalog.index_of(t.goal["asin"]) for t in splits["val"]} == set(targets["val"])  # every val product
+    assert ShopEnv(num_products=N, val_fraction=0.1, num_val_tasks=90).tasks("val") == splits["val"]  # deterministic
+    assert build_tasks.__wrapped__(N, 0, "val", 90, 0.2, 0.1) == tuple(splits["val"])
+    assert build_tasks.__wrapped__(N, 1, "val", 90, 0.2, 0.1) != tuple(splits["val"])  # another catalog seed
+    obs, info = env.reset(seed=0, options={"split": "val"})
+    assert info["task"] in splits["val"] and info["admissible_actions"]
+    result = evaluate(env, env.scripted_policy("oracle"), 5, split="val")
+    assert result.success_rate == 1.0
+    for bad in ({"val_fraction": 0.8}, {"val_fraction": -0.1}, {"num_val_tasks": 0}):
+        with pytest.raises(ValueError, match="val"):
+            ShopEnv(num_products=N, **bad)  # type: ignore[arg-type]
 
 
 # -- pages and actions ------------------------------------------------------------------------------

@@ -49,6 +49,42 @@ def test_splits_are_disjoint_generated_games_cached_once(env: TextWorldEnv, cach
     assert "ingredients:" in train[0].instruction
 
 
+COOKING = "tw-cooking-af35ddab13"  # the default settings' key: task ids are f"{COOKING}-s{seed}"
+
+
+def test_val_split_disjoint_and_train_test_as_before(env: TextWorldEnv, cache_dir: Path) -> None:
+    train, test = env.tasks("train"), env.tasks("test")
+    # the ids and first instruction the code gave before val existed (commit 0338b17)
+    assert [t.task_id for t in train] == [f"{COOKING}-s{i}" for i in range(3)]
+    assert [t.task_id for t in test] == [f"{COOKING}-s100000", f"{COOKING}-s100001"]
+    assert train[0].instruction.endswith("(ingredients: flour)")
+    assert test[0].instruction.endswith("(ingredients: red tuna (fried, sliced))")
+    with_val = TextWorldEnv(num_train_games=3, num_test_games=2, num_val_games=1, cache_dir=str(cache_dir))
+    val = with_val.tasks("val")
+    assert [t.task_id for t in val] == [f"{COOKING}-s200000"] and val[0].goal["seed"] == 200_000
+    assert with_val.tasks("train") == train and with_val.tasks("test") == test
+    splits = {"train": train, "val": val, "test": test}
+    for a, b in (("train", "val"), ("train", "test"), ("val", "test")):
+        assert {t.task_id for t in splits[a]}.isdisjoint({t.task_id for t in splits[b]}), (a, b)
+        assert {t.goal["seed"] for t in splits[a]}.isdisjoint({t.goal["seed"] for t in splits[b]}), (a, b)
+    again = TextWorldEnv(num_train_games=3, num_test_games=2, num_val_games=1, cache_dir=str(cache_dir))
+    assert again.tasks("val") == val  # deterministic (and read from the cache)
+    obs, info = with_val.reset(seed=0, options={"split": "val"})
+    assert info["task"] == val[0] and info["admissible_actions"] and obs
+    with_val.close()
+
+
+def test_val_seeds_never_overlap_train_or_test() -> None:
+    assert TextWorldEnv(num_train_games=3).seed_offset["val"] == 200_000
+    crowded = TextWorldEnv(num_train_games=3, test_seed_offset=150_000, num_test_games=60_000)
+    assert crowded.seed_offset["val"] == 210_000  # the default moves past test's seeds rather than overlap them
+    assert TextWorldEnv(num_train_games=3, val_seed_offset=50).seed_offset["val"] == 50
+    with pytest.raises(ValueError, match="overlap the train seeds"):
+        TextWorldEnv(num_train_games=10, val_seed_offset=5)
+    with pytest.raises(ValueError, match="overlap the test seeds"):
+        TextWorldEnv(num_train_games=10, num_val_games=5, val_seed_offset=99_998)
+
+
 def test_oracle_replays_task_exactly_and_succeeds(env: TextWorldEnv) -> None:
     task = env.tasks("test")[0]
     first = run_episode(env, env.scripted_policy("oracle"), task)

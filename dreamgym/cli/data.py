@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from dreamgym.cli.env import parse_env_args
+from dreamgym.cli.env import parse_env_args, split_option
 
 console = Console(stderr=True)
 
@@ -34,7 +34,7 @@ def collect(
     env_name: str = typer.Option("shop", "--env", help="registered env name"),
     policy: str = typer.Option("noisy", help="scripted policy: oracle | random | noisy"),
     episodes: int = typer.Option(100, min=1, help="number of episodes"),
-    split: str = typer.Option("train", help="task split"),
+    split: str = typer.Option("train", help="task split: train | val | test", callback=split_option),
     seed: int = typer.Option(0, help="seed: episode i uses seed+i"),
     out: Path = typer.Option(..., help="output file (.jsonl appends safely; .parquet is written at the end)"),
     noise: float = typer.Option(None, help="error rate of the noisy policy"),
@@ -89,7 +89,7 @@ def collect(
 def eval_cmd(
     env_name: str = typer.Option("shop", "--env", help="registered env name"),
     policy: str = typer.Option("oracle", help="scripted policy name (oracle | random | noisy) or a policy run dir"),
-    split: str = typer.Option("test", help="task split"),
+    split: str = typer.Option("test", help="task split: train | val | test", callback=split_option),
     episodes: int = typer.Option(100, min=1, help="number of episodes"),
     seed: int = typer.Option(0, help="seed"),
     noise: float = typer.Option(None, help="error rate of the noisy policy"),

@@ -11,6 +11,13 @@ env_app = typer.Typer(help="Play or serve environments.", no_args_is_help=True)
 console = Console()
 
 
+def split_option(value: str) -> str:
+    """``--split``: train | val | test (anything else is a one-line error before any env is made)."""
+    from dreamgym.envs.base import check_split
+
+    return check_split(value)
+
+
 def parse_env_args(pairs: list[str] | None) -> dict[str, Any]:
     """``["num_products=1000", "name=x"]`` -> kwargs, with ints/floats/bools parsed."""
     import yaml
@@ -36,7 +43,7 @@ def list_envs() -> None:
 @env_app.command("play")
 def play(
     name: str = typer.Argument("shop", help="registered env name"),
-    split: str = typer.Option("test", help="task split"),
+    split: str = typer.Option("test", help="task split: train | val | test", callback=split_option),
     seed: int = typer.Option(0, help="episode seed"),
     env_arg: list[str] = typer.Option(None, "--env-arg", help="env constructor argument key=value"),
 ) -> None:

@@ -6,12 +6,14 @@ outside this repository registers its envs from a ``dreamgym.envs`` entry point,
 """
 
 from dreamgym.envs.base import (
+    SPLITS,
     Element,
     EnvSpec,
     RandomPolicy,
     ScriptedPolicy,
     StateMapper,
     TextEnv,
+    check_split,
     find_spec,
     format_elements,
     make,
@@ -56,6 +58,7 @@ register(  # needs dreamgym[textworld]
 )
 
 __all__ = [
+    "SPLITS",
     "Element",
     "EnvSpec",
     "NoisyPolicy",
@@ -63,6 +66,7 @@ __all__ = [
     "ScriptedPolicy",
     "StateMapper",
     "TextEnv",
+    "check_split",
     "find_spec",
     "format_elements",
     "load_plugins",

@@ -95,6 +95,7 @@ class AgentGymEnv(TextEnv):
         world_type: str = "Text",
         max_steps: int = 15,
         api_key_env: str | None = None,
+        val_range: str | None = None,
     ) -> None:
         super().__init__(max_steps=max_steps)
         self.url = url.rstrip("/")
@@ -105,7 +106,7 @@ class AgentGymEnv(TextEnv):
         self.retries = retries
         self.backoff = backoff
         self.env_name = env_name
-        self._ranges = {"train": train_range, "test": test_range}
+        self._ranges = {"train": train_range, "val": val_range, "test": test_range}
         # trust_env=False: a proxy set in the environment must not capture calls to a local env server.
         # The key is read from the named env var, so it never enters make_kwargs (recorded in trajectories).
         headers = {}

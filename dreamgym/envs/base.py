@@ -2,7 +2,7 @@
 
 Gymnasium semantics with text observations and text actions:
 
-* ``reset(seed=None, options={"task": Task | task_id | None, "split": "train"|"test"}) -> (obs, info)``
+* ``reset(seed=None, options={"task": Task | task_id | None, "split": "train"|"val"|"test"}) -> (obs, info)``
 * ``step(action: str) -> (obs, reward, terminated, truncated, info)``
 
 ``info`` always carries ``admissible_actions`` (list[str]), ``success`` (bool), ``invalid_action`` (bool)
@@ -19,11 +19,24 @@ import random
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 import gymnasium as gym
 
 from dreamgym.types import Task
+
+# The task splits a user picks from (CLI ``--split``, ``RLConfig.train_split``/``eval_split``): train to learn
+# on, val for every choice of settings, test for the final tables only.
+Split = Literal["train", "val", "test"]
+SPLITS: tuple[str, ...] = get_args(Split)
+
+
+def check_split(split: str) -> str:
+    """``split`` when it is one of :data:`SPLITS`, else a one-line ``ValueError`` naming them."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; use one of {' | '.join(SPLITS)}")
+    return split
+
 
 # Text spaces: Gymnasium's Text space needs a charset; we accept any printable text up to a length.
 MAX_TEXT = 1 << 16
@@ -170,8 +183,14 @@ class TextEnv(gym.Env[str, str]):
         return self._last_info
 
     def get_task(self, task_id: str) -> Task:
-        for split in ("train", "test"):
-            for t in self.tasks(split):
+        for split in SPLITS:
+            try:
+                pool = self.tasks(split)
+            except ValueError:  # an env without this split (e.g. the shop's val when it is off)
+                if split in ("train", "test"):
+                    raise
+                continue
+            for t in pool:
                 if t.task_id == task_id:
                     return t
         raise KeyError(f"unknown task id {task_id!r} for env {self.name!r}")

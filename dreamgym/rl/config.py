@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dreamgym.curriculum.config import CURRICULUM_FIELDS, CurriculumConfig
+from dreamgym.envs.base import Split
 from dreamgym.envs.pool import EnvFactory, EnvPool, env_factory, make_pool
 from dreamgym.experience.dream import DreamConfig, open_dream
 from dreamgym.rl.losses import AggMode, KLKind, check_kl_loss
@@ -23,8 +24,8 @@ class RLConfig(BaseModel):
     env: str = "shop"
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
     env_backend: Literal["local", "ray"] = "local"
-    train_split: str = "train"
-    eval_split: str = "test"
+    train_split: Split = "train"
+    eval_split: Split = Field(default="test", description="val for every choice of settings; test for final tables")
     # rollouts
     iterations: int = Field(default=20, ge=1)
     tasks_per_iter: int = Field(default=8, ge=1, description="16 in the paper")
@@ -130,7 +131,7 @@ def open_pools(cfg: RLConfig) -> tuple[EnvPool, EnvPool | None]:
         pool = make_pool(make_env_factory(cfg), num_envs, cfg.env_backend)
         return pool, pool if cfg.eval_episodes else None
     real_tasks = make_env_factory(cfg)()
-    splits = {split: real_tasks.tasks(split) for split in {cfg.train_split, cfg.eval_split}}
+    splits = {str(split): real_tasks.tasks(split) for split in {cfg.train_split, cfg.eval_split}}
     real_tasks.close()
     dream = open_dream(cfg.dream, cfg.env, cfg.env_kwargs, cfg.max_steps, splits, num_envs)
     if not cfg.eval_episodes:

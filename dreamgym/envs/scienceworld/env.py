@@ -2,9 +2,10 @@
 behind the dreamgym API.
 
 ``make("scienceworld", task="find-living-thing,lifespan-longest-lived", simplification="", admissible=True)``
-covers one or several task types; each type's train/test split is ScienceWorld's own variation split
-(``get_variations_train`` / ``get_variations_test``), optionally pinned to one ``variation`` or capped at
-``max_variations`` per type.
+covers one or several task types; each type's train/val/test split is ScienceWorld's own variation split
+(``get_variations_train`` / ``get_variations_dev`` / ``get_variations_test``: disjoint variations; ``"dev"``
+is accepted as another name of val), optionally pinned to one ``variation`` (then every split plays it) or
+capped at ``max_variations`` per type.
 
 * Speed. The official wrapper's ``step`` asks the simulator for every valid action-object combination
   on every step (~10-20 steps/s). This env steps the simulator directly (``server.step`` + score, a few
@@ -44,6 +45,8 @@ logger = logging.getLogger(__name__)
 
 # Short task types whose gold paths work (5-17 steps; benchmarks/bench_text_envs.py and the report list more).
 DEFAULT_TASKS = ("find-living-thing", "lifespan-longest-lived", "chemistry-mix-paint-secondary-color")
+# Our split names -> ScienceWorld's variation sets ("dev" kept as ScienceWorld's own name for val).
+SIM_SPLITS = {"train": "train", "val": "dev", "dev": "dev", "test": "test"}
 INVALID_REPLY = "No known action matches that input."
 AMBIGUOUS_REPLY = "Ambiguous request"
 _LIVE_ENVS: weakref.WeakSet[ScienceWorldEnv] = weakref.WeakSet()
@@ -102,9 +105,10 @@ class ScienceWorldEnv(TextEnv):
 
     # -- tasks ------------------------------------------------------------------------------------
     def tasks(self, split: str = "train") -> list[Task]:
-        """Per task type, ScienceWorld's variations of ``split`` (train/dev/test), as tasks."""
-        if split not in ("train", "dev", "test"):
-            raise ValueError(f"scienceworld env: unknown split {split!r} (train, dev or test)")
+        """Per task type, ScienceWorld's variations of ``split`` (train, val = ScienceWorld's dev, test), as tasks."""
+        if split not in SIM_SPLITS:
+            raise ValueError(f"scienceworld env: unknown split {split!r} (train, val or test)")
+        split = SIM_SPLITS[split]
         if split not in self._tasks:
             self._tasks[split] = [t for name in self.task_types for t in self._tasks_of(name, split)]
         return list(self._tasks[split])

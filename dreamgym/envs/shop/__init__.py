@@ -1,7 +1,7 @@
 """The built-in ``shop`` environment: WebShop's protocol (Yao et al. 2022) over a seeded synthetic catalog.
 
 Modules, one concern each: ``vocab`` (categories, attributes, options), ``catalog`` (products), ``tasks``
-(instructions and train/test splits), ``search`` (BM25), ``pages`` (pages + state mapper), ``reward``
+(instructions and train/val/test splits), ``search`` (BM25), ``pages`` (pages + state mapper), ``reward``
 (WebShop's purchase reward), ``env`` (``ShopEnv``), ``policies`` (oracle / noisy / random).
 """
 

@@ -19,7 +19,7 @@ from dreamgym.envs.shop.catalog import Catalog, Product, build_catalog
 from dreamgym.envs.shop.pages import Click, Page, ShopState, ShopStateMapper, build_page, clicks_in_state
 from dreamgym.envs.shop.reward import ShopGoal, purchase_reward
 from dreamgym.envs.shop.search import SearchEngine, search_engine
-from dreamgym.envs.shop.tasks import build_tasks
+from dreamgym.envs.shop.tasks import build_tasks, split_targets
 from dreamgym.envs.shop.vocab import CATEGORIES, CATEGORY_BY_NAME
 from dreamgym.types import Task
 
@@ -48,15 +48,19 @@ class ShopEnv(TextEnv):
         max_results: int = 50,
         test_fraction: float = 0.2,
         search_examples: int = 3,
+        val_fraction: float = 0.0,
+        num_val_tasks: int = 500,
     ) -> None:
         super().__init__(max_steps=max_steps)
         for key, value in (("max_steps", max_steps), ("results_per_page", results_per_page), ("max_results", max_results)):
             if value < 1:
                 raise ValueError(f"shop env: {key} must be >= 1, got {value}")
-        if num_tasks_per_split < 1 or search_examples < 0:
-            raise ValueError("shop env: num_tasks_per_split must be >= 1 and search_examples >= 0")
+        if num_tasks_per_split < 1 or num_val_tasks < 1 or search_examples < 0:
+            raise ValueError("shop env: num_tasks_per_split and num_val_tasks must be >= 1 and search_examples >= 0")
+        split_targets(num_products, catalog_seed, test_fraction, val_fraction)  # bad fractions fail here, not later
         self.num_products, self.catalog_seed = num_products, catalog_seed
         self.num_tasks_per_split, self.test_fraction = num_tasks_per_split, test_fraction
+        self.val_fraction, self.num_val_tasks = val_fraction, num_val_tasks
         self.results_per_page, self.max_results, self.search_examples = results_per_page, max_results, search_examples
         self.catalog: Catalog = build_catalog(num_products, catalog_seed)
         self.engine: SearchEngine = search_engine(num_products, catalog_seed)
@@ -67,7 +71,11 @@ class ShopEnv(TextEnv):
 
     # -- tasks ------------------------------------------------------------------------------------
     def tasks(self, split: str = "train") -> list[Task]:
-        return list(build_tasks(self.num_products, self.catalog_seed, split, self.num_tasks_per_split, self.test_fraction))
+        """``num_tasks_per_split`` train or test tasks, or ``num_val_tasks`` val tasks (val needs ``val_fraction``
+        > 0: the products it reserves as val targets leave train's; test's never change)."""
+        num_tasks = self.num_val_tasks if split == "val" else self.num_tasks_per_split
+        return list(build_tasks(self.num_products, self.catalog_seed, split, num_tasks, self.test_fraction,
+                                self.val_fraction))
 
     # -- episode ----------------------------------------------------------------------------------
     def _reset(self, task: Task | None, split: str) -> tuple[str, dict[str, Any]]:

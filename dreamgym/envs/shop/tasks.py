@@ -1,7 +1,11 @@
 """Shop tasks: natural-language instructions written from a target product, WebShop style.
 
 A task names the target's category, 1-3 of its attributes, 0-2 of its options (with one of the offered
-values) and a price bound above its price. Train and test tasks come from disjoint sets of target products.
+values) and a price bound above its price. Train, val and test tasks come from disjoint sets of target products.
+
+The val split is opt-in (``val_fraction > 0``): with the default tasks every product of the catalog is already
+the target of a train or a test task, so val's products can only come from train's. Test's targets never
+depend on ``val_fraction``, and ``val_fraction=0`` (the default) leaves train exactly as before val existed.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from dreamgym.envs.shop.reward import ShopGoal
 from dreamgym.envs.shop.vocab import OPTION_PHRASES
 from dreamgym.types import Task
 
-SPLITS = ("train", "test")
+SPLITS = ("train", "val", "test")
 TEMPLATES = (
     "i am looking for {np}{opts}, and price lower than {price} dollars",
     "i need {np}{opts}, and price lower than {price} dollars",
@@ -55,27 +59,47 @@ def goal_for(product: Product, rng: random.Random) -> ShopGoal:
     return ShopGoal(product.category, tuple(attributes), options, price_bound(product.price, rng), product.asin)
 
 
-def split_targets(num_products: int, seed: int, test_fraction: float) -> dict[str, list[int]]:
-    """Catalog indices of the target products of each split (disjoint; every split gets at least one)."""
+def split_targets(num_products: int, seed: int, test_fraction: float, val_fraction: float = 0.0) -> dict[str, list[int]]:
+    """Catalog indices of the target products of each split (disjoint; train and test get at least one each).
+
+    One seeded shuffle of the catalog: test takes the first ``test_fraction``, val the next ``val_fraction``
+    (none by default), train the rest. So test's targets do not depend on ``val_fraction``, and with
+    ``val_fraction=0`` train's are the same as before val existed.
+    """
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    if not 0.0 <= val_fraction < 1.0 or test_fraction + val_fraction >= 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1 - test_fraction), got {val_fraction} (test_fraction {test_fraction})")
     if num_products < 2:
         raise ValueError(f"the shop needs >= 2 products to split train/test targets, got {num_products}")
     order = list(range(num_products))
     random.Random(f"dreamgym-shop-split-{seed}").shuffle(order)
     n_test = min(num_products - 1, max(1, round(num_products * test_fraction)))
-    return {"test": sorted(order[:n_test]), "train": sorted(order[n_test:])}
+    n_val = 0 if val_fraction == 0 else max(1, round(num_products * val_fraction))
+    if n_test + n_val >= num_products:
+        raise ValueError(f"val_fraction {val_fraction}: {num_products} products leave no train targets "
+                         f"({n_test} test, {n_val} val)")
+    return {"test": sorted(order[:n_test]), "val": sorted(order[n_test:n_test + n_val]),
+            "train": sorted(order[n_test + n_val:])}
 
 
 @functools.lru_cache(maxsize=8)
 def build_tasks(
-    num_products: int, catalog_seed: int, split: str, num_tasks: int, test_fraction: float = 0.2
+    num_products: int, catalog_seed: int, split: str, num_tasks: int, test_fraction: float = 0.2,
+    val_fraction: float = 0.0,
 ) -> tuple[Task, ...]:
-    """``num_tasks`` tasks of ``split``, ids ``shop-<split>-00000``...; deterministic given the arguments."""
+    """``num_tasks`` tasks of ``split``, ids ``shop-<split>-00000``...; deterministic given the arguments.
+
+    Each split draws its tasks from its own RNG stream (seeded by the split's name), so making one split's
+    tasks never moves another's.
+    """
     if split not in SPLITS:
         raise ValueError(f"unknown shop split {split!r}; use one of {', '.join(SPLITS)}")
+    targets = split_targets(num_products, catalog_seed, test_fraction, val_fraction)[split]
+    if not targets:
+        raise ValueError("shop env: the val split is off (val_fraction=0, the default, which keeps the train "
+                         "targets of earlier runs); pass val_fraction > 0, e.g. --env-arg val_fraction=0.1")
     catalog = build_catalog(num_products, catalog_seed)
-    targets = split_targets(num_products, catalog_seed, test_fraction)[split]
     rng = random.Random(f"dreamgym-shop-tasks-{catalog_seed}-{split}")
     rng.shuffle(targets)  # cycle through every target product before any repeats
     tasks = []

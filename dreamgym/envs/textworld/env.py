@@ -2,8 +2,9 @@
 
 Tasks are generated games: ``make("textworld")`` plays ``tw-cooking`` games (see
 :mod:`dreamgym.envs.textworld.games`), train split = generator seeds ``0..num_train_games-1``, test split =
-seeds ``test_seed_offset + i`` (disjoint), each compiled once into ``cache_dir``. ``make("textworld",
-game="path/to/game.z8")`` plays one given game (both splits). ``challenge=``/``settings=`` pick another
+seeds ``test_seed_offset + i``, val split = seeds ``val_seed_offset + i`` (``num_val_games``; the three are
+disjoint, and val's seeds never move train's or test's), each compiled once into ``cache_dir`` (on a split's
+first use). ``make("textworld", game="path/to/game.z8")`` plays one given game (every split). ``challenge=``/``settings=`` pick another
 generator (``settings`` merges over :data:`~dreamgym.envs.textworld.games.DEFAULT_SETTINGS`).
 
 * Actions are TextWorld commands. A command outside the game's admissible commands is invalid: it is not
@@ -56,16 +57,19 @@ class TextWorldEnv(TextEnv):
         max_steps: int = 30,
         max_commands: int = 30,
         max_text: int = 300,
+        num_val_games: int = 10,
+        val_seed_offset: int | None = None,
     ) -> None:
         super().__init__(max_steps=max_steps)
-        if min(num_train_games, num_test_games, max_steps, max_commands, max_text) < 1:
+        if min(num_train_games, num_test_games, num_val_games, max_steps, max_commands, max_text) < 1:
             raise ValueError("textworld env: game counts, max_steps, max_commands and max_text must be >= 1")
         if test_seed_offset < num_train_games:
             raise ValueError(f"textworld env: test_seed_offset {test_seed_offset} overlaps the train seeds")
+        self.seed_offset = {"train": 0, "test": test_seed_offset}
+        self.num_games = {"train": num_train_games, "test": num_test_games}
+        self.seed_offset["val"], self.num_games["val"] = self._val_seeds(val_seed_offset, num_val_games), num_val_games
         self.game = game
         self.challenge, self.settings = challenge, dict(settings or {})
-        self.num_games = {"train": num_train_games, "test": num_test_games}
-        self.seed_offset = {"train": 0, "test": test_seed_offset}
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
         self.max_commands, self.max_text = max_commands, max_text
         self._tasks: dict[str, list[Task]] = {}
@@ -75,11 +79,27 @@ class TextWorldEnv(TextEnv):
         self._game_state: Any = None
         self._done = False
 
+    def _val_seeds(self, offset: int | None, count: int) -> int:
+        """The first val seed: ``offset``, which must miss the train and test seeds; by default 200,000, or
+        the first seed past both of them when those reach it."""
+        ranges = [(self.seed_offset[s], self.seed_offset[s] + self.num_games[s]) for s in ("train", "test")]
+        if offset is None:
+            offset = 200_000
+            if any(lo < offset + count and offset < hi for lo, hi in ranges):
+                offset = max(hi for _, hi in ranges)
+        for split, (lo, hi) in zip(("train", "test"), ranges, strict=True):
+            if lo < offset + count and offset < hi:
+                raise ValueError(f"textworld env: val seeds {offset}..{offset + count - 1} overlap the {split} seeds "
+                                 f"{lo}..{hi - 1}")
+        if offset < 0:
+            raise ValueError(f"textworld env: val_seed_offset must be >= 0, got {offset}")
+        return offset
+
     # -- tasks ------------------------------------------------------------------------------------
     def tasks(self, split: str = "train") -> list[Task]:
         """The split's games as tasks (generating missing ones into the cache on first use)."""
         if split not in self.num_games:
-            raise ValueError(f"textworld env: unknown split {split!r} (train or test)")
+            raise ValueError(f"textworld env: unknown split {split!r} (train, val or test)")
         if split not in self._tasks:
             if self.game is not None:
                 self._tasks[split] = [self._task(Path(self.game), task_id=f"tw-{Path(self.game).stem}", goal={"game": self.game})]
