@@ -25,7 +25,7 @@ import torch
 
 from dreamgym.agent.policy import PolicyConfig, load_policy
 from dreamgym.baselines.sft import train_bc
-from dreamgym.collect import evaluate, iter_episodes
+from dreamgym.collect import evaluate_scripted, iter_episodes
 from dreamgym.envs import make
 from dreamgym.envs.pool import env_factory
 from dreamgym.rl.evaluate import evaluate_policy
@@ -79,7 +79,7 @@ def main() -> None:
     bc = evaluate_policy(policy, factory, split="test", episodes=args.test_episodes, seed=0)
     eval_s = time.perf_counter() - t0
     reference: dict[str, Any] = {
-        name: evaluate(env, env.scripted_policy(name, seed=0, **kw), args.test_episodes, split="test").to_dict()
+        name: evaluate_scripted(env, env.scripted_policy(name, seed=0, **kw), args.test_episodes, split="test").to_dict()
         for name, kw in (("oracle", {}), ("noisy", {"noise": args.noise}))
     }
     result = {

@@ -119,7 +119,7 @@ def summarize(trajs: list[Trajectory]) -> EvalResult:
     )
 
 
-def evaluate(
+def evaluate_scripted(
     env: TextEnv,
     policy: ScriptedPolicy,
     episodes: int,

@@ -156,7 +156,8 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 def demo_config(profile: str, overrides: dict[str, Any] | None = None, config: Path | None = None) -> DemoConfig:
     """The profile's fields, then the YAML ``config`` file's, then ``overrides``, each replacing whole fields; only
-    a profile's ``dream`` and ``policy`` sizes are merged over the env's defaults (:func:`env_defaults`)."""
+    a profile's ``dream`` and ``policy`` sizes are merged over the env's defaults (:func:`env_defaults`), and its
+    ``rl`` sizes over the default RL settings."""
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
     from_file: dict[str, Any] = {}
@@ -171,6 +172,9 @@ def demo_config(profile: str, overrides: dict[str, Any] | None = None, config: P
     for key in ("dream", "policy"):  # a profile's sizes go over the env's defaults of these fields
         if key in profile_fields:
             profile_fields[key] = {**defaults[key], **profile_fields[key]}
+    if "rl" in profile_fields:  # and its RL sizes over the default RL settings (lr, advantage normalisation, ...)
+        default_rl = DemoConfig.model_fields["rl"].get_default(call_default_factory=True)
+        profile_fields["rl"] = {**default_rl, **profile_fields["rl"]}
     fields = {**profile_fields, **given}
     return DemoConfig.model_validate(fields)
 

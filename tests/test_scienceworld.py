@@ -14,7 +14,7 @@ pytest.importorskip("scienceworld", reason="the scienceworld extra is not instal
 if shutil.which("java") is None:
     pytest.skip("ScienceWorld needs Java (a JRE 11+ on PATH)", allow_module_level=True)
 
-from dreamgym.collect import evaluate, run_episode
+from dreamgym.collect import evaluate_scripted, run_episode
 from dreamgym.envs import make
 from dreamgym.envs.checker import check_env
 from dreamgym.envs.scienceworld.env import ScienceWorldEnv
@@ -80,9 +80,9 @@ def test_oracle_replays_task_exactly_and_succeeds(env: ScienceWorldEnv) -> None:
 
 
 def test_noisy_recovers_and_random_is_weak(env: ScienceWorldEnv) -> None:
-    noisy = evaluate(env, env.scripted_policy("noisy", seed=3, noise=0.3), episodes=4, split="train")
+    noisy = evaluate_scripted(env, env.scripted_policy("noisy", seed=3, noise=0.3), episodes=4, split="train")
     assert noisy.success_rate >= 0.75 and noisy.invalid_action_rate == 0.0
-    rand = evaluate(env, env.scripted_policy("random", seed=3), episodes=4, split="train")
+    rand = evaluate_scripted(env, env.scripted_policy("random", seed=3), episodes=4, split="train")
     assert rand.success_rate <= noisy.success_rate
 
 

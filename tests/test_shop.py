@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from dreamgym.collect import evaluate, run_episode
+from dreamgym.collect import evaluate_scripted, run_episode
 from dreamgym.envs import StateMapper, make
 from dreamgym.envs.shop import (
     Product,
@@ -168,7 +168,7 @@ def test_val_split_is_disjoint_deterministic_and_playable() -> None:
     assert build_tasks.__wrapped__(N, 1, "val", 90, 0.2, 0.1) != tuple(splits["val"])  # another catalog seed
     obs, info = env.reset(seed=0, options={"split": "val"})
     assert info["task"] in splits["val"] and info["admissible_actions"]
-    result = evaluate(env, env.scripted_policy("oracle"), 5, split="val")
+    result = evaluate_scripted(env, env.scripted_policy("oracle"), 5, split="val")
     assert result.success_rate == 1.0
     for bad in ({"val_fraction": 0.8}, {"val_fraction": -0.1}, {"num_val_tasks": 0}):
         with pytest.raises(ValueError, match="val"):
@@ -300,9 +300,9 @@ def test_bad_constructor_and_policy_arguments(env: ShopEnv) -> None:
 
 def test_policies_on_the_default_shop() -> None:
     shop = make("shop")
-    oracle = evaluate(shop, shop.scripted_policy("oracle"), 100)
-    random_ = evaluate(shop, shop.scripted_policy("random", seed=0), 100)
-    noisy = evaluate(shop, shop.scripted_policy("noisy", seed=0), 100)
+    oracle = evaluate_scripted(shop, shop.scripted_policy("oracle"), 100)
+    random_ = evaluate_scripted(shop, shop.scripted_policy("random", seed=0), 100)
+    noisy = evaluate_scripted(shop, shop.scripted_policy("noisy", seed=0), 100)
     assert oracle.success_rate >= 0.95 and oracle.invalid_action_rate == 0.0
     assert random_.success_rate < 0.1
     assert 0.3 < noisy.success_rate < 1.0  # a mix of successes and failures

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("textworld", reason="the textworld extra is not installed: pip install 'dreamgym[textworld]'")
 
-from dreamgym.collect import evaluate, run_episode
+from dreamgym.collect import evaluate_scripted, run_episode
 from dreamgym.envs import make
 from dreamgym.envs.checker import check_env
 from dreamgym.envs.textworld.env import TextWorldEnv
@@ -95,9 +95,9 @@ def test_oracle_replays_task_exactly_and_succeeds(env: TextWorldEnv) -> None:
 
 
 def test_noisy_and_random_policies(env: TextWorldEnv) -> None:
-    noisy = evaluate(env, env.scripted_policy("noisy", seed=1, noise=0.3), episodes=3, split="train")
+    noisy = evaluate_scripted(env, env.scripted_policy("noisy", seed=1, noise=0.3), episodes=3, split="train")
     assert noisy.success_rate > 0 and noisy.invalid_action_rate == 0.0
-    rand = evaluate(env, env.scripted_policy("random", seed=1), episodes=2, split="train")
+    rand = evaluate_scripted(env, env.scripted_policy("random", seed=1), episodes=2, split="train")
     assert rand.invalid_action_rate == 0.0
     with pytest.raises(ValueError, match="noise"):
         env.scripted_policy("noisy", noise=2.0)

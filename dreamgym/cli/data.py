@@ -100,7 +100,7 @@ def eval_cmd(
 
     ``--policy`` is a scripted policy of the env, or a policy run directory (an LLM policy, played greedily
     in batched episodes on the same tasks and seeds as the scripted policies)."""
-    from dreamgym.collect import evaluate
+    from dreamgym.collect import evaluate_scripted
     from dreamgym.envs import make
 
     if Path(policy).is_dir():
@@ -117,7 +117,7 @@ def eval_cmd(
             wins[1] += 1
             bar.update(task, advance=1, success=wins[0] / wins[1])
 
-        result = evaluate(env, pol, episodes, split=split, seed=seed, on_episode=tick)
+        result = evaluate_scripted(env, pol, episodes, split=split, seed=seed, on_episode=tick)
     env.close()
     out = {"env": env_name, "policy": policy, "split": split, **result.to_dict()}
     if as_json:
