@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==$(TORCH_VERSION)
-	$(BIN)/python -m pip install -q -e ".[dev,ray,scienceworld,textworld]"
+	$(BIN)/python -m pip install -q -e ".[dev,ray,scienceworld,textworld,skyrl]"
 	touch $(STAMP)
 
 install: $(STAMP)

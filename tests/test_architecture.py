@@ -3,7 +3,7 @@ it back, at any depth (top-level packages, and the modules inside each package).
 module-level, function-level and ``TYPE_CHECKING`` ones.
 
 The top-level order is the paper's data flow: types → envs → {llm, replay} → sft → experience → curriculum →
-agent → rl → {baselines, pretrain} → pipeline → cli.
+agent → rl → {baselines, pretrain, adapters} → pipeline → cli.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ LAYERS: list[set[str]] = [
     {"curriculum"},
     {"agent", "collect"},
     {"rl"},
-    {"baselines", "pretrain", "plots"},
+    {"baselines", "pretrain", "plots", "adapters"},
     {"pipeline"},
     {"cli"},
     {"__main__"},
