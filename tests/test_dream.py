@@ -187,3 +187,31 @@ def test_prompts_too_long_for_the_context_are_shortened_or_served_as_counted_fai
     [failed] = model.predict([query])
     assert failed.next_state == query.state.strip() and failed.failure == "truncated"
     assert failed.reward == 0.0 and model.stats.failed >= 1 and model.stats_dict()["shortened_prompts"] == 2
+
+
+def test_the_dream_is_a_registered_env_that_the_agentgym_server_serves(shop, offline, tmp_path: Path) -> None:
+    """make("dream", ...) like any env, so `dreamgym env serve dream` serves it over the AgentGym protocol
+    (the way into AgentGym-RL); the server's sessions share one loaded M_exp and dream their steps."""
+    import dreamgym
+    from dreamgym.envs.agentgym import AgentGymEnv
+    from dreamgym.envs.server import BackgroundServer, create_app
+    from dreamgym.experience import dream as dream_module
+    from dreamgym.llm.tiny import init_tiny_model
+    from dreamgym.types import write_jsonl
+
+    write_jsonl(tmp_path / "offline.jsonl", offline)
+    init_tiny_model("micro", [tmp_path / "offline.jsonl"], tmp_path / "m", seed=0)
+    kwargs = {"experience_model": str(tmp_path / "m"), "offline_data": str(tmp_path / "offline.jsonl"),
+              "env": "shop", "env_kwargs": {"num_products": 100}, "max_new_tokens": 16, "max_steps": 3}
+    env = dreamgym.make("dream", **kwargs)
+    assert isinstance(env, DreamEnv) and env.tasks("test") == shop.tasks("test")
+    obs, info = env.reset(seed=0, options={"split": "test"})
+    assert obs in {t.transitions[0].state for t in offline}  # a real initial state
+    loaded = len(dream_module._LOADED)
+    with BackgroundServer(create_app("dream", kwargs, max_sessions=4)) as base:
+        remote = AgentGymEnv(url=base, env_name="dream")
+        obs, info = remote.reset(seed=0, options={"task": remote.tasks("test")[0]})
+        obs, reward, terminated, truncated, info = remote.step(info["admissible_actions"][0])
+        assert isinstance(obs, str) and 0.0 <= reward <= 1.0
+        remote.close()
+    assert len(dream_module._LOADED) == loaded  # the server's env reused the loaded model

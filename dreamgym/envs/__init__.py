@@ -46,6 +46,9 @@ register(
     },
 )
 register("agentgym", "dreamgym.envs.agentgym:AgentGymEnv")
+# The dream as a registered env (make("dream", experience_model=..., offline_data=[...], env="shop")): a lazy
+# reference, so the envs package imports nothing of the experience model's.
+register("dream", "dreamgym.experience.dream:make_dream_env")
 register(  # needs dreamgym[scienceworld] + Java
     "scienceworld", "dreamgym.envs.scienceworld.env:ScienceWorldEnv",
     policies="dreamgym.envs.scienceworld.policies:make_policy",

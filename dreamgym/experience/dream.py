@@ -271,10 +271,10 @@ class DreamConfig(BaseModel):
     device: str = "cpu"
 
 
-def open_dream(cfg: DreamConfig, env: str, env_kwargs: dict[str, Any], max_steps: int,
-               tasks: dict[str, list[Task]], num_envs: int) -> DreamEnvPool:
-    """Load M_exp (+ buffer, seeded with the offline data when it is empty) and make a pool of dream envs
-    that use the real env ``env`` only as the action grammar."""
+def load_dream(cfg: DreamConfig, env: str, env_kwargs: dict[str, Any], read_only: bool = False
+               ) -> tuple[ExperienceModel, TextEnv, InitialStates]:
+    """M_exp (+ its buffer, seeded with the offline data when it is empty and writable), the real env ``env`` as
+    the action grammar, and the initial states of the offline data."""
     from dreamgym.envs import make
     from dreamgym.replay import ReplayBuffer, make_encoder
     from dreamgym.types import read_trajectories
@@ -284,16 +284,48 @@ def open_dream(cfg: DreamConfig, env: str, env_kwargs: dict[str, Any], max_steps
         raise ValueError("dream: offline_data must name at least one real trajectory file (for initial states)")
     buffer = None
     if cfg.buffer is not None:
-        buffer = ReplayBuffer.open(cfg.buffer, encoder=None if Path(cfg.buffer, "meta.json").exists()
-                                   else make_encoder(cfg.encoder))
-        if len(buffer) == 0:
-            buffer.add_trajectories(offline, iteration=-1)
+        if read_only:
+            buffer = ReplayBuffer.open(cfg.buffer, create=False, read_only=True)
+        else:
+            buffer = ReplayBuffer.open(cfg.buffer, encoder=None if Path(cfg.buffer, "meta.json").exists()
+                                       else make_encoder(cfg.encoder))
+            if len(buffer) == 0:
+                buffer.add_trajectories(offline, iteration=-1)
     model = ExperienceModel.load(cfg.experience_model, buffer=buffer, device=cfg.device)
     overrides = {k: v for k, v in (("max_new_tokens", cfg.max_new_tokens), ("temperature", cfg.temperature))
                  if v is not None}
     if overrides:
         model.cfg = model.cfg.model_copy(update=overrides)
-    grammar = make(env, **env_kwargs)
-    initial = InitialStates.from_trajectories(offline)
+    return model, make(env, **env_kwargs), InitialStates.from_trajectories(offline)
+
+
+def open_dream(cfg: DreamConfig, env: str, env_kwargs: dict[str, Any], max_steps: int,
+               tasks: dict[str, list[Task]], num_envs: int) -> DreamEnvPool:
+    """Load M_exp (+ buffer, seeded with the offline data when it is empty) and make a pool of dream envs
+    that use the real env ``env`` only as the action grammar."""
+    model, grammar, initial = load_dream(cfg, env, env_kwargs)
     return DreamEnvPool(lambda: DreamEnv(model, tasks, initial, grammar=grammar, max_steps=max_steps), num_envs,
                         owns_buffer=True)
+
+
+_LOADED: dict[str, tuple[ExperienceModel, TextEnv, InitialStates]] = {}
+
+
+def make_dream_env(env: str = "shop", env_kwargs: dict[str, Any] | None = None, max_steps: int = 15,
+                   **dream: Any) -> DreamEnv:
+    """``dreamgym.make("dream", experience_model=DIR, offline_data=[FILE], env="shop", ...)``: one dream env, so
+    that everything that takes a registered env takes the dream, e.g. ``dreamgym env serve dream`` (the AgentGym
+    protocol, the way into AgentGym-RL) or the SkyRL adapter. ``dream``: :class:`DreamConfig` fields. Its tasks
+    are the real env's; its buffer (if any) is only read. Envs made with the same arguments share one loaded
+    M_exp (a server's sessions do)."""
+    import json
+
+    if isinstance(dream.get("offline_data"), str):
+        dream["offline_data"] = [dream["offline_data"]]
+    cfg = DreamConfig(**dream)
+    key = json.dumps([cfg.model_dump(), env, env_kwargs or {}], sort_keys=True, default=str)
+    if key not in _LOADED:
+        _LOADED[key] = load_dream(cfg, env, dict(env_kwargs or {}), read_only=True)
+    model, grammar, initial = _LOADED[key]
+    tasks = {split: grammar.tasks(split) for split in ("train", "test")}
+    return DreamEnv(model, tasks, initial, grammar=grammar, max_steps=max_steps)
