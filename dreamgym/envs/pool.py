@@ -165,7 +165,7 @@ class LocalEnvPool(PoolHooks):
     def step_batch(self, indices: Sequence[int], actions: Sequence[str]) -> list[StepResult]:
         return self._run([functools.partial(_step, self.envs[i], a) for i, a in zip(indices, actions, strict=True)])
 
-    def _run(self, calls: list[Callable[[], _T]]) -> list[_T]:
+    def _run(self, calls: Sequence[Callable[[], _T]]) -> list[_T]:
         """The calls' results in order: one after the other, or from the session threads."""
         if self._threads is None or len(calls) < 2:
             return [call() for call in calls]
