@@ -351,3 +351,51 @@ def test_a_run_without_evaluation_episodes_trains_and_says_it_has_no_success_rat
     summary = train(config(sft_run, eval_episodes=0), tmp_path / "run")  # crashed in the final evaluation
     assert summary["iterations"] == 1 and summary["evals"] == [] and summary["success_rate"] is None
     assert summary["real_transitions"] > 0
+
+
+def test_grpo_invalid_penalty_on_the_episode_or_on_the_invalid_step() -> None:
+    """One group of two 2-turn episodes, env returns 1 and 0; the success's first turn is invalid (penalty 0.1)."""
+    from dreamgym.rl.batch import TurnRow, grpo_advantages
+    from dreamgym.rl.rollout import Episode, Turn
+    from dreamgym.types import Task
+
+    def episode(reward: float, invalid_first: bool) -> Episode:
+        e = Episode(task=Task(task_id="t", instruction="x"), group_id=0, seed=0, source="real")
+        for i in range(2):
+            env_r = reward if i == 1 else 0.0
+            bad = invalid_first and i == 0
+            e.turns.append(Turn("s", [], [1], [2], [0.0], "", "a", True, "s2", env_r, env_r - (0.1 if bad else 0.0),
+                                i == 1, False, {"invalid_action": bad}))
+        return e
+
+    eps = [episode(1.0, invalid_first=True), episode(0.0, invalid_first=False)]
+    rows = [TurnRow([1], [2], [0.0]) for _ in range(4)]
+    # episode: shaped returns 0.9 and 0 -> Dr.GRPO ±0.45 on every turn of each episode
+    grpo_advantages(eps, rows, normalize_std=False, invalid_penalty_mode="episode")
+    assert [r.advantage for r in rows] == pytest.approx([0.45, 0.45, -0.45, -0.45])
+    # step: env returns 1 and 0 -> ±0.5, and only the invalid turn pays its 0.1
+    grpo_advantages(eps, rows, normalize_std=False, invalid_penalty_mode="step")
+    assert [r.advantage for r in rows] == pytest.approx([0.4, 0.5, -0.5, -0.5])
+    # with the std: the episode's advantage is normalised (±0.7071 for two episodes), the raw penalty is not
+    grpo_advantages(eps, rows, normalize_std=True, invalid_penalty_mode="step")
+    a = 0.5 / (0.5**0.5 + 1e-6)
+    assert [r.advantage for r in rows] == pytest.approx([a - 0.1, a, -a, -a])
+    grpo_advantages(eps, rows, normalize_std=True, invalid_penalty_mode="episode")
+    assert [r.advantage for r in rows] == pytest.approx([a, a, -a, -a])  # 0.9 vs 0: the same ±0.7071
+    assert RLConfig().invalid_penalty_mode == "episode"
+    with pytest.raises(ValueError, match="invalid_penalty_mode"):
+        RLConfig(invalid_penalty_mode="turn")
+
+
+def test_real_latency_is_paid_by_training_rollouts_and_logged(sft_run: Path, tmp_path: Path) -> None:
+    summary = train(config(sft_run, real_latency_s=0.01, real_sessions=4, iterations=2, save_every=2),
+                    tmp_path / "run")
+    rows = metrics(tmp_path / "run")
+    rollouts = [list(read_jsonl(tmp_path / "run" / "rollouts" / f"iter_{i:05d}.jsonl")) for i in (1, 2)]
+    # every episode's reset and every step paid 0.01 s, cumulative over iterations
+    waits = [(len(r) + sum(t.num_steps for t in r)) * 0.01 for r in rollouts]
+    assert [m["real_wait_s"] for m in rows] == pytest.approx([waits[0], waits[0] + waits[1]])
+    assert rows[0]["real_env_s"] >= 0.01 * 2  # at least one reset and one step batch, slept
+    assert 0 < rows[0]["wall_s"] < rows[1]["wall_s"] and rows[1]["real_env_s"] < rows[1]["wall_s"]
+    assert summary["real_wait_s"] == pytest.approx(waits[0] + waits[1]) and summary["wall_s"] == rows[1]["wall_s"]
+    assert {"real_env_s", "seconds", "real_transitions"} <= set(summary)

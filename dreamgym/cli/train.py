@@ -39,6 +39,10 @@ def train_cmd(
     s2r_budget: int = typer.Option(None, "--s2r-budget", min=1,
                                    help="after a dream run, continue it in the real env (OUT/s2r) until this many "
                                         "real transitions are used"),
+    real_latency: float = typer.Option(None, "--real-latency", help="seconds every real env reset/step of the "
+                                       "training rollouts costs (a sleep: a real env's cost; 0: off)"),
+    real_sessions: int = typer.Option(None, "--real-sessions", help="real env sessions that may step at once "
+                                      "(with --real-latency; default 1)"),
     resume: bool = typer.Option(False, "--resume", help="continue the run in --out from its last checkpoint"),
 ) -> None:
     """Train an LLM policy with GRPO or PPO; counts every real env transition it consumes.
@@ -47,7 +51,12 @@ def train_cmd(
     continues from its policy in the real env into OUT/s2r until N real transitions are used (with ``--resume``
     each phase continues from its own checkpoint). The same as a second command with ``--init OUT`` and
     ``--real-budget N``. Precedence: RLConfig defaults < --config (or, with --resume, the run's saved config)
-    < --env/--algo/--init/--real-budget/--env-arg < --set.
+    < --env/--algo/--init/--real-budget/--real-latency/--real-sessions/--env-arg < --set.
+
+    Real-env cost: ``--real-latency S --real-sessions N`` make every reset and step of the real env in training
+    rollouts sleep S seconds, at most N at once (a batch of B envs then takes about ceil(B/N)·S); evaluation
+    is exempt unless ``--set real_latency_eval=true``, and the dream is never slowed. metrics.jsonl then logs
+    the cumulative ``real_wait_s`` (the latency paid, session-seconds), ``real_env_s`` and ``wall_s``.
     """
     from dreamgym.rl.trainer import RLConfig, train
     from dreamgym.types import read_yaml_mapping
@@ -57,7 +66,8 @@ def train_cmd(
         base = read_yaml_mapping(out / "config.yaml", "RL config")
     elif config is not None:
         base = read_yaml_mapping(config, "RL config")
-    flags = {"env": env_name, "algo": algo, "init": init, "real_transition_budget": real_budget}
+    flags = {"env": env_name, "algo": algo, "init": init, "real_transition_budget": real_budget,
+             "real_latency_s": real_latency, "real_sessions": real_sessions}
     base.update({k: v for k, v in flags.items() if v is not None})
     if env_arg:
         base["env_kwargs"] = {**base.get("env_kwargs", {}), **parse_env_args(env_arg)}

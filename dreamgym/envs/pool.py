@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from dreamgym.envs.base import TextEnv, make
 from dreamgym.types import Source, Task
 
 EnvFactory = Callable[[], TextEnv]
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -132,7 +134,13 @@ def _source(env: TextEnv) -> Source:
 
 
 class LocalEnvPool(PoolHooks):
-    """``num_envs`` env instances in this process, made by ``factory``; stepped one after the other."""
+    """``num_envs`` env instances in this process, made by ``factory``; stepped one after the other.
+
+    Envs that advertise ``concurrent_sessions > 1`` (:class:`~dreamgym.envs.latency.LatencyEnv`: a real env's
+    cost model, thread-safe by construction) are reset and stepped from a thread pool of that many workers, so a
+    batch of B envs with N sessions of S seconds takes about ceil(B/N)·S instead of B·S. Every other env is
+    stepped one after the other in the caller's thread, as always (envs need not be thread-safe).
+    """
 
     def __init__(self, factory: EnvFactory, num_envs: int) -> None:
         if num_envs < 1:
@@ -141,6 +149,8 @@ class LocalEnvPool(PoolHooks):
         self.num_envs = num_envs
         self.name = self.envs[0].name
         self.source: Source = _source(self.envs[0])
+        workers = min(int(getattr(self.envs[0], "concurrent_sessions", 1)), num_envs)
+        self._threads = ThreadPoolExecutor(workers, thread_name_prefix="env-session") if workers > 1 else None
 
     def tasks(self, split: str) -> list[Task]:
         return self.envs[0].tasks(split)
@@ -148,12 +158,23 @@ class LocalEnvPool(PoolHooks):
     def reset_batch(
         self, indices: Sequence[int], tasks: Sequence[Task], seeds: Sequence[int], split: str
     ) -> list[tuple[str, dict[str, Any]]]:
-        return [_reset(self.envs[i], t, s, split) for i, t, s in zip(indices, tasks, seeds, strict=True)]
+        calls = [functools.partial(_reset, self.envs[i], t, s, split)
+                 for i, t, s in zip(indices, tasks, seeds, strict=True)]
+        return self._run(calls)
 
     def step_batch(self, indices: Sequence[int], actions: Sequence[str]) -> list[StepResult]:
-        return [_step(self.envs[i], a) for i, a in zip(indices, actions, strict=True)]
+        return self._run([functools.partial(_step, self.envs[i], a) for i, a in zip(indices, actions, strict=True)])
+
+    def _run(self, calls: Sequence[Callable[[], _T]]) -> list[_T]:
+        """The calls' results in order: one after the other, or from the session threads."""
+        if self._threads is None or len(calls) < 2:
+            return [call() for call in calls]
+        return [f.result() for f in [self._threads.submit(call) for call in calls]]
 
     def close(self) -> None:
+        if self._threads is not None:
+            self._threads.shutdown(wait=True)
+            self._threads = None
         for env in self.envs:
             env.close()
 

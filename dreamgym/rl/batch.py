@@ -60,15 +60,30 @@ def collate(rows: Sequence[TurnRow], pad_id: int, with_response: bool = True) ->
 
 
 def grpo_advantages(
-    episodes: Sequence[Episode], rows: list[TurnRow], normalize_std: bool, turn_weighting: str = "token"
+    episodes: Sequence[Episode], rows: list[TurnRow], normalize_std: bool, turn_weighting: str = "token",
+    invalid_penalty_mode: str = "episode",
 ) -> None:
-    """GRPO: every turn of an episode gets its episode's group-normalised (shaped) return; with
-    ``turn_weighting="episode"`` scaled by mean_turns / turns, so every episode weighs the same in the loss."""
-    returns = torch.tensor([e.shaped_return for e in episodes], dtype=torch.float64)
+    """GRPO: every turn of an episode gets its episode's group-normalised return; with
+    ``turn_weighting="episode"`` scaled by mean_turns / turns, so every episode weighs the same in the loss.
+
+    Where the invalid-action penalty goes (``invalid_penalty_mode``):
+
+    * ``"episode"`` (the default): the return is the shaped one (env rewards plus the penalties), so an invalid
+      turn lowers the advantage of every turn of its episode;
+    * ``"step"`` (verl-agent): the return is the env's only, and each invalid turn's own advantage is lowered by
+      the raw penalty (``Turn.env_reward - Turn.reward``), not divided by the group std even with
+      ``normalize_std`` (a group of equal env returns has std 0, which would blow the penalty up) and not scaled
+      by the episode turn weighting (it belongs to the turn, not the episode).
+    """
+    if invalid_penalty_mode not in ("episode", "step"):
+        raise ValueError(f"unknown invalid_penalty_mode {invalid_penalty_mode!r}; use episode | step")
+    step = invalid_penalty_mode == "step"
+    returns = torch.tensor([e.env_return if step else e.shaped_return for e in episodes], dtype=torch.float64)
     advantages = group_advantages(returns, [e.group_id for e in episodes], normalize_std=normalize_std)
     mean_turns = sum(len(e.turns) for e in episodes) / max(len(episodes), 1)
     scale = [mean_turns / max(len(e.turns), 1) if turn_weighting == "episode" else 1.0 for e in episodes]
-    turn_adv = [float(a) * w for e, a, w in zip(episodes, advantages, scale, strict=True) for _ in e.turns]
+    turn_adv = [float(a) * w + ((t.reward - t.env_reward) if step else 0.0)
+                for e, a, w in zip(episodes, advantages, scale, strict=True) for t in e.turns]
     for row, a in zip(rows, turn_adv, strict=True):
         row.advantage = a
 

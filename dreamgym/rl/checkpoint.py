@@ -40,7 +40,9 @@ class TrainState:
     buffer_rows: int | None = None  # the dream's replay buffer size at the checkpoint (later rows: a killed run's)
     hidden_rows: list[list[int]] = field(default_factory=list)  # [start, stop) row ranges of killed runs, hidden
     train_episodes: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # the run's wall-clock (metrics.jsonl's wall_s), over resumes
+    real_wait_s: float = 0.0  # the simulated real-env latency training rollouts paid (session-seconds)
+    real_env_s: float = 0.0  # wall-clock training rollouts spent in real env resets/steps (latency included)
     evals: list[dict[str, Any]] = field(default_factory=list)
 
     def update(self, fields: dict[str, Any]) -> None:
@@ -210,6 +212,7 @@ def write_summary(run: Path, cfg: RLConfig, state: TrainState) -> dict[str, Any]
         "eval_episodes": last.get("episodes"), "eval_split": cfg.eval_split,
         "initial_eval": state.evals[0] if state.evals and state.evals[0]["iteration"] == 0 else None,
         "evals": state.evals, "seconds": round(state.seconds, 1),
+        "wall_s": state.seconds, "real_wait_s": state.real_wait_s, "real_env_s": state.real_env_s,
     }
     (run / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dreamgym.curriculum.config import CURRICULUM_FIELDS, CurriculumConfig
 from dreamgym.envs.base import Split
+from dreamgym.envs.latency import with_latency
 from dreamgym.envs.pool import EnvFactory, EnvPool, env_factory, make_pool
 from dreamgym.experience.dream import DreamConfig, open_dream
 from dreamgym.rl.losses import AggMode, KLKind, check_kl_loss
@@ -33,10 +34,20 @@ class RLConfig(BaseModel):
     max_steps: int = Field(default=15, ge=1)
     temperature: float = Field(default=1.0, gt=0, description="sampling temperature (log-probs use it too)")
     invalid_action_penalty: float = Field(default=0.1, ge=0)
+    invalid_penalty_mode: Literal["episode", "step"] = Field(
+        default="episode", description="GRPO: 'episode' = the penalties are in the shaped return every turn's "
+        "group advantage is computed from (spread over the episode); 'step' = the group advantage of the env return "
+        "only, and each invalid turn's own advantage minus the raw penalty (verl-agent; not divided by the std)")
     real_transition_budget: int | None = Field(
         default=None, ge=1, description="stop once this many are used; the last iterations shrink to fit it")
     strict_budget: bool = Field(default=False, description="never exceed real_transition_budget: stop when not "
                                 "even one group of episodes is certain to fit (else one more group runs)")
+    # a real env's cost (issue 13, item 5; dreamgym.envs.latency): every reset and step of the real env in
+    # training rollouts sleeps real_latency_s, at most real_sessions at once; the dream is never slowed
+    real_latency_s: float = Field(default=0.0, ge=0, description="seconds per real env reset/step (0: off)")
+    real_sessions: int = Field(default=1, ge=1, description="real env sessions that may step at once")
+    real_latency_eval: bool = Field(default=False, description="evaluation episodes pay the latency too (off: "
+                                    "the cost charged is the training interaction's, as in the paper)")
     # optimisation
     lr: float = Field(default=5e-5, gt=0, description="the paper's 1e-6 is for 3B–8B models")
     critic_lr: float = Field(default=1e-4, gt=0)
@@ -89,6 +100,9 @@ class RLConfig(BaseModel):
     def _check(self) -> RLConfig:
         if self.algo == "grpo" and self.group_size < 2:
             raise ValueError("GRPO needs group_size >= 2 (a group of one has no baseline)")
+        if self.real_latency_s > 0 and self.env_backend == "ray":
+            raise ValueError("real_latency_s needs env_backend=local (the sessions are bounded per process; "
+                             "every Ray actor would get its own)")
         return self
 
     @classmethod
@@ -118,25 +132,35 @@ class RLConfig(BaseModel):
         return self
 
 
-def make_env_factory(cfg: RLConfig) -> EnvFactory:
-    """The one place the trainer creates envs."""
-    return env_factory(cfg.env, **cfg.env_kwargs)
+def make_env_factory(cfg: RLConfig, charged: bool = False) -> EnvFactory:
+    """The one place the trainer creates envs; ``charged``: they pay ``real_latency_s`` with ``real_sessions``
+    (:func:`~dreamgym.envs.latency.with_latency`; the same factory when the latency is 0)."""
+    factory = env_factory(cfg.env, **cfg.env_kwargs)
+    return with_latency(factory, cfg.real_latency_s, cfg.real_sessions) if charged else factory
 
 
 def open_pools(cfg: RLConfig) -> tuple[EnvPool, EnvPool | None]:
     """The pool rollouts run in (the real env, or the dream: M_exp + replay buffer, the real env only as the
-    action grammar) and the one evaluations run in (always the real env; None when a dream run evaluates nothing)."""
+    action grammar) and the one evaluations run in (always the real env; None when a dream run evaluates nothing).
+
+    With ``real_latency_s`` the real training pool pays it; the evaluation pool only with ``real_latency_eval``
+    (else a second, latency-free pool of the same size evaluates). The dream never pays it."""
     num_envs = cfg.tasks_per_iter * cfg.group_size
     if cfg.dream is None:
-        pool = make_pool(make_env_factory(cfg), num_envs, cfg.env_backend)
-        return pool, pool if cfg.eval_episodes else None
+        pool = make_pool(make_env_factory(cfg, charged=True), num_envs, cfg.env_backend)
+        if not cfg.eval_episodes:
+            return pool, None
+        if cfg.real_latency_s == 0 or cfg.real_latency_eval:
+            return pool, pool
+        return pool, make_pool(make_env_factory(cfg), num_envs, cfg.env_backend)
     real_tasks = make_env_factory(cfg)()
     splits = {str(split): real_tasks.tasks(split) for split in {cfg.train_split, cfg.eval_split}}
     real_tasks.close()
     dream = open_dream(cfg.dream, cfg.env, cfg.env_kwargs, cfg.max_steps, splits, num_envs)
     if not cfg.eval_episodes:
         return dream, None
-    return dream, make_pool(make_env_factory(cfg), min(cfg.eval_episodes, 64), cfg.env_backend)
+    eval_factory = make_env_factory(cfg, charged=cfg.real_latency_eval)
+    return dream, make_pool(eval_factory, min(cfg.eval_episodes, 64), cfg.env_backend)
 
 
 def tasks_within_budget(cfg: RLConfig, used: int) -> int:

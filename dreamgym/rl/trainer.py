@@ -6,7 +6,8 @@ One loop, read top to bottom (CleanRL style). Each iteration:
    each (:func:`~dreamgym.rl.rollout.collect_rollouts`); every ``env.step`` is counted in ``real_transitions``;
    in the dream the curriculum then adds variations of the high-variance tasks to the task set;
 2. advantages, one per turn (:mod:`dreamgym.rl.batch`): GRPO = the episode's group-normalised return on every
-   turn of the episode; PPO = turn-level GAE(γ, λ) with the critic's V(s_t);
+   turn of the episode (``invalid_penalty_mode``: the invalid-action penalty in that return, or on the invalid
+   turn's own advantage); PPO = turn-level GAE(γ, λ) with the critic's V(s_t);
 3. update: ``ppo_epochs`` passes over shuffled minibatches of turns (:class:`~dreamgym.rl.learner.Learner`);
 4. evaluate greedily on the eval split every ``eval_every`` iterations (those episodes are counted apart and
    never trained on), log (tensorboard in ``RUN/tb``, ``RUN/metrics.jsonl``, one console line), and
@@ -15,7 +16,9 @@ One loop, read top to bottom (CleanRL style). Each iteration:
 
 The trainer never asks which pool it holds: the dream's replay buffer is tagged, checkpointed and reported
 through the pool hooks (:class:`~dreamgym.envs.pool.PoolHooks`). ``RUN/summary.json`` holds
-``real_transitions``, ``iterations`` and the last evaluation. Envs are made by :func:`make_env_factory` only,
+``real_transitions``, ``iterations`` and the last evaluation. With ``real_latency_s`` the real env of the
+training rollouts costs that much per reset/step (:mod:`dreamgym.envs.latency`); every metrics line then has
+the cumulative ``real_wait_s``, ``real_env_s`` and ``wall_s``. Envs are made by :func:`make_env_factory` only,
 so sim-to-real is this trainer with a real env and a ``real_transition_budget``.
 """
 
@@ -134,6 +137,9 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
             rollout_s = time.perf_counter() - t0
             if pool.source == "real":
                 state.real_transitions += count_env_steps(episodes)
+                state.real_env_s += stats.env_s
+                # every episode's reset and every step paid real_latency_s (make_env_factory(charged=True))
+                state.real_wait_s += (len(episodes) + count_env_steps(episodes)) * cfg.real_latency_s
             else:
                 state.synthetic_transitions += count_env_steps(episodes)
             state.train_episodes += len(episodes)
@@ -155,14 +161,13 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
                         if cfg.bootstrap_truncated else None)
                 ppo_advantages(episodes, rows, cfg, last)
             else:
-                grpo_advantages(episodes, rows, cfg.normalize_std, cfg.turn_weighting)
+                grpo_advantages(episodes, rows, cfg.normalize_std, cfg.turn_weighting, cfg.invalid_penalty_mode)
 
             # ---- update: clipped policy (and value) steps on minibatches of turns
             losses = learner.update(rows, rng)
             update_s = time.perf_counter() - t0
 
             # ---- evaluate, and log
-            state.seconds = time.monotonic() - started
             metrics: dict[str, Any] = {
                 "iteration": it, "real_transitions": state.real_transitions,
                 "reward": float(np.mean([e.env_return for e in episodes])),
@@ -180,6 +185,10 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
             if eval_pool is not None and ((cfg.eval_every and it % cfg.eval_every == 0) or it == cfg.iterations):
                 result = evaluate(policy, eval_pool, cfg, state)
                 metrics.update({"eval_success": result.success_rate, "eval_reward": result.mean_reward})
+            state.seconds = time.monotonic() - started  # this iteration's evaluation included
+            # cumulative: the simulated real-env latency paid (session-seconds), the wall-clock in real env
+            # calls, and the run's wall-clock (success can be plotted against it)
+            metrics.update({"real_wait_s": state.real_wait_s, "real_env_s": state.real_env_s, "wall_s": state.seconds})
             log_metrics(writer, metrics_path, metrics)
             console.print(_progress_line(metrics), highlight=False, soft_wrap=True)
             if rows and metrics["invalid_rate"] >= 1.0:
@@ -193,6 +202,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
         if not state.evals or state.evals[-1]["iteration"] != state.iteration:  # budget stop: a final evaluation
             if eval_pool is not None:
                 evaluate(policy, eval_pool, cfg, state)
+            state.seconds = time.monotonic() - started
             save(run, learner, rng, state, taskset, pool)
             journal.committed(state.iteration)
     finally:
