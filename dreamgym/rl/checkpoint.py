@@ -45,6 +45,18 @@ class TrainState:
     real_env_s: float = 0.0  # wall-clock training rollouts spent in real env resets/steps (latency included)
     evals: list[dict[str, Any]] = field(default_factory=list)
 
+    def count_rollouts(self, steps: int, episodes: int, source: str, env_s: float, latency_s: float) -> None:
+        """Count one iteration's training rollouts: real ones in ``real_transitions``, with the wall-clock of their
+        env calls and the simulated latency every reset and step paid (:mod:`dreamgym.envs.latency`); dreamt ones
+        in ``synthetic_transitions``."""
+        if source == "real":
+            self.real_transitions += steps
+            self.real_env_s += env_s
+            self.real_wait_s += (episodes + steps) * latency_s
+        else:
+            self.synthetic_transitions += steps
+        self.train_episodes += episodes
+
     def update(self, fields: dict[str, Any]) -> None:
         """Set the given fields (a pool's checkpoint state, :class:`~dreamgym.envs.pool.PoolHooks`)."""
         for key, value in fields.items():

@@ -135,14 +135,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
                                         seed=int(rng.integers(MAX_SEED)), split=cfg.train_split, stats=stats,
                                         on_env_steps=journal.add if pool.source == "real" else None)
             rollout_s = time.perf_counter() - t0
-            if pool.source == "real":
-                state.real_transitions += count_env_steps(episodes)
-                state.real_env_s += stats.env_s
-                # every episode's reset and every step paid real_latency_s (make_env_factory(charged=True))
-                state.real_wait_s += (len(episodes) + count_env_steps(episodes)) * cfg.real_latency_s
-            else:
-                state.synthetic_transitions += count_env_steps(episodes)
-            state.train_episodes += len(episodes)
+            state.count_rollouts(count_env_steps(episodes), len(episodes), pool.source, stats.env_s, cfg.real_latency_s)
             # the curriculum: reward variance per group, then variations of the high-variance tasks join the set
             variances = _group_variances(cfg, episodes, tasks, pool, it, generator is not None)
             if generator is not None:
@@ -185,9 +178,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
             if eval_pool is not None and ((cfg.eval_every and it % cfg.eval_every == 0) or it == cfg.iterations):
                 result = evaluate(policy, eval_pool, cfg, state)
                 metrics.update({"eval_success": result.success_rate, "eval_reward": result.mean_reward})
-            state.seconds = time.monotonic() - started  # this iteration's evaluation included
-            # cumulative: the simulated real-env latency paid (session-seconds), the wall-clock in real env
-            # calls, and the run's wall-clock (success can be plotted against it)
+            state.seconds = time.monotonic() - started  # this iteration's evaluation included; cumulative:
             metrics.update({"real_wait_s": state.real_wait_s, "real_env_s": state.real_env_s, "wall_s": state.seconds})
             log_metrics(writer, metrics_path, metrics)
             console.print(_progress_line(metrics), highlight=False, soft_wrap=True)
