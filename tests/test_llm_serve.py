@@ -261,3 +261,51 @@ def test_logprob_tokens_carry_their_true_bytes_and_offsets(llm: HFLLM) -> None:
     whole = [k for k, p in enumerate(pieces) if not _token_text(p).startswith("bytes:")]
     for k in whole:  # a whole-character token's text stands at its offset in the text
         assert text[offsets[k]:].startswith(_token_text(pieces[k]))
+
+
+def test_load_weights_swaps_the_served_model_for_the_next_requests(micro_dir: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weight sync: a trainer saves new weights, the server loads them, and the next completions' log-probs
+    are the new in-process model's, tagged with the new version; bad weights leave the old ones served."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    new = AutoModelForCausalLM.from_pretrained(micro_dir)
+    with torch.no_grad():
+        torch.manual_seed(0)
+        for p in new.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    new.save_pretrained(tmp_path / "v1")
+    for f in micro_dir.iterdir():  # the tokenizer files
+        if not (tmp_path / "v1" / f.name).exists() and f.is_file():
+            shutil.copy(f, tmp_path / "v1" / f.name)
+    served, updated = HFLLM.from_pretrained(micro_dir), HFLLM.from_pretrained(tmp_path / "v1")
+    greedy = SamplingParams(max_new_tokens=8, temperature=0.0, logprobs=True)
+    before, after = served.generate(["red green"], greedy)[0], updated.generate(["red green"], greedy)[0]
+    monkeypatch.setenv("DG_TEST_KEY", "k")
+    headers = {"Authorization": "Bearer k"}
+    with BackgroundServer(create_app(served, "micro", api_key="k", limits=LIMITS)) as s:
+        remote = OpenAILLM(LLMConfig(backend="openai", model="micro", base_url=s.url, api_key_env="DG_TEST_KEY"))
+        first = remote.generate(["red green"], greedy)[0]
+        assert first.weight_version == 0 and first.logprobs == pytest.approx(before.logprobs, abs=1e-4)
+        r = httpx.post(f"{s.url}/load_weights", json={"path": str(tmp_path / "v1")}, headers=headers, timeout=60)
+        assert r.status_code == 200 and r.json()["weight_version"] == 1
+        second = remote.generate(["red green"], greedy)[0]
+        assert second.weight_version == 1 and second.logprobs == pytest.approx(after.logprobs, abs=1e-4)
+        assert max(abs(a - b) for a, b in zip(second.logprobs, first.logprobs, strict=False)) > 1e-3
+        stale = httpx.post(f"{s.url}/load_weights", json={"path": str(tmp_path / "v1"), "version": 1},
+                           headers=headers, timeout=60)
+        assert stale.status_code == 409
+        (tmp_path / "bad").mkdir()
+        from safetensors.torch import save_file
+
+        save_file({"lm_head.weight": torch.zeros(3, 3)}, str(tmp_path / "bad" / "model.safetensors"))
+        bad = httpx.post(f"{s.url}/load_weights", json={"path": str(tmp_path / "bad")}, headers=headers, timeout=60)
+        assert bad.status_code == 400 and "do not fit" in bad.json()["error"]["message"]
+        assert remote.generate(["red green"], greedy)[0].logprobs == pytest.approx(after.logprobs, abs=1e-4)
+        remote.close()
+    with BackgroundServer(create_app(HFLLM.from_pretrained(micro_dir), "micro", limits=LIMITS)) as s:
+        refused = httpx.post(f"{s.url}/load_weights", json={"path": str(tmp_path / "v1")}, timeout=60)
+        assert refused.status_code == 403

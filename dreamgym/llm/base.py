@@ -64,6 +64,7 @@ class Completion:
     logprobs: list[float] | None = None  # one per token id, see the module docstring; None unless asked
     prompt_ids: list[int] | None = None  # None when a server did not return them
     finish_reason: FinishReason = "length"
+    weight_version: int | None = None  # the served weights that generated it (dreamgym serve's load_weights)
 
 
 @runtime_checkable

@@ -6,7 +6,7 @@ import logging
 import queue
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -26,6 +26,16 @@ class _Pending:
     future: Future[list[Completion]] = field(default_factory=Future)
     done: list[Completion | None] = field(default_factory=list)
     remaining: int = 0
+    weight_version: int = 0  # the weights its rows were admitted (and so generated) under
+
+
+@dataclass
+class _Reload:
+    """New weights for the served model, applied once no row is in flight (:meth:`Batcher.reload`)."""
+
+    weights: dict[str, torch.Tensor]
+    version: int
+    future: Future[int] = field(default_factory=Future)
 
 
 class Batcher:
@@ -40,14 +50,15 @@ class Batcher:
 
     def __init__(self, llm: HFLLM, max_batch: int = 64) -> None:
         self.llm, self.max_batch = llm, max_batch
-        self._queue: queue.Queue[_Pending | None] = queue.Queue()
-        self._held: _Pending | None = None  # taken from the queue, waiting for room in the batch
+        self._queue: queue.Queue[_Pending | _Reload | None] = queue.Queue()
+        self._held: _Pending | _Reload | None = None  # taken from the queue, waiting for room (or an idle batch)
         self._owner: dict[Row, tuple[_Pending, int]] = {}
         self._aborts: queue.Queue[Future[list[Completion]]] = queue.Queue()  # requests whose client has gone
         self.aborted = 0  # rows dropped mid-generation because their client had gone
         self.forward_passes = 0  # counters for /stats
         self.row_steps = 0  # rows in the batch, summed over forward passes
         self.rows = 0  # rows finished
+        self.weight_version = 0  # bumped by each reload
         self._thread = threading.Thread(target=self._work, name="dreamgym-batcher", daemon=True)
         self._thread.start()
 
@@ -55,6 +66,35 @@ class Batcher:
         pending = _Pending(prompt_ids, params)
         self._queue.put(pending)
         return pending.future
+
+    def reload(self, weights: dict[str, torch.Tensor], version: int) -> Future[int]:
+        """Serve ``weights`` (a state dict of the served model; tied weights may be left out) as ``version`` from
+        the requests queued after this call on: the rows in flight finish under the old weights first, so no
+        completion mixes two versions. The future fails, and the old weights stay, if they do not fit."""
+        item = _Reload(weights, version)
+        self._queue.put(item)
+        return item.future
+
+    def _apply(self, item: _Reload) -> None:
+        model = self.llm.model
+        params = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers())
+        try:
+            unknown = sorted(set(item.weights) - set(params))
+            wrong = [k for k, w in item.weights.items() if k in params and params[k].shape != w.shape]
+            given = {params[k].data_ptr() for k in item.weights if k in params}
+            missing = [k for k, p in model.named_parameters(remove_duplicate=False)
+                       if k not in item.weights and p.data_ptr() not in given]  # a tied copy is not missing
+            if unknown or wrong or missing:
+                raise ValueError(f"the weights do not fit the served model: unknown {unknown[:3]}, wrong shape "
+                                 f"{wrong[:3]}, missing {missing[:3]}")
+            with torch.inference_mode(False), torch.no_grad():  # checked first, so nothing is half loaded
+                for k, w in item.weights.items():
+                    params[k].copy_(w.to(params[k].dtype))
+        except Exception as e:
+            item.future.set_exception(e)
+            return
+        self.weight_version = item.version
+        item.future.set_result(item.version)
 
     def abort(self, future: Future[list[Completion]]) -> None:
         """Stop generating for a request whose client has gone: a waiting one is dropped before it joins, a
@@ -94,7 +134,7 @@ class Batcher:
         room = self.max_batch - batch.active
         admitted: list[_Pending] = []
         while joinable and (room > 0 or not (admitted or batch.active)):
-            item: _Pending | None
+            item: _Pending | _Reload | None
             if self._held is not None:
                 item, self._held = self._held, None
             else:
@@ -105,6 +145,12 @@ class Batcher:
                     break
             if item is None:
                 return False
+            if isinstance(item, _Reload):
+                if admitted or batch.active:  # after the rows in flight
+                    self._held = item
+                    break
+                self._apply(item)
+                continue
             if len(item.prompt_ids) > room and (admitted or batch.active):
                 self._held = item
                 break
@@ -132,6 +178,7 @@ class Batcher:
         start = 0
         for p in admitted:
             p.done, p.remaining = [None] * len(p.prompt_ids), len(p.prompt_ids)
+            p.weight_version = self.weight_version
             for i, row in enumerate(rows[start : start + len(p.prompt_ids)]):
                 self._owner[row] = (p, i)
             start += len(p.prompt_ids)
@@ -158,7 +205,7 @@ class Batcher:
     def _deliver(self, finished: list[Row]) -> None:
         for row in finished:
             pending, i = self._owner.pop(row)
-            pending.done[i] = row.completion(self.llm.tokenizer)
+            pending.done[i] = replace(row.completion(self.llm.tokenizer), weight_version=pending.weight_version)
             pending.remaining -= 1
             self.rows += 1
             if pending.remaining == 0:

@@ -96,6 +96,7 @@ class OpenAILLM:
             content = choice.logprobs.content if params.logprobs and choice.logprobs else None
             logprobs = [t.logprob for t in content] if content is not None else None
             prompt_ids = getattr(choice, "prompt_token_ids", None) or getattr(chat, "prompt_token_ids", None)
+            version = getattr(chat, "weight_version", None)
         else:
             done = self._retrying(
                 lambda: self.client.completions.create(
@@ -108,6 +109,7 @@ class OpenAILLM:
             text = choice.text
             logprobs = list(choice.logprobs.token_logprobs) if params.logprobs and choice.logprobs else None
             prompt_ids = getattr(choice, "prompt_token_ids", None)
+            version = getattr(done, "weight_version", None)
         if params.logprobs and logprobs is None:
             raise LLMError(f"{self.cfg.base_url}: the server returned no logprobs although they were requested")
         token_ids = getattr(choice, "token_ids", None)
@@ -122,6 +124,7 @@ class OpenAILLM:
             logprobs=logprobs,
             prompt_ids=list(prompt_ids) if prompt_ids is not None else None,
             finish_reason="length" if choice.finish_reason == "length" else "stop",
+            weight_version=version if isinstance(version, int) else None,  # dreamgym serve: the weights' version
         )
 
     def _retrying(self, call: Callable[[], T]) -> T:

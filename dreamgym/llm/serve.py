@@ -115,6 +115,32 @@ R = TypeVar("R", bound=BaseModel)
 # ---------------------------------------------------------------------------------------------- app
 
 
+class LoadWeightsRequest(BaseModel):
+    """``POST /v1/load_weights`` (a dreamgym extension): serve the safetensors weights in ``path`` (a model dir
+    as ``save_pretrained`` writes it) as ``version`` (default: the served one + 1)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    version: int | None = Field(default=None, ge=1)
+
+
+def read_weights(path: str) -> dict[str, Any]:
+    """The tensors of every ``*.safetensors`` file in the directory ``path`` (or of that one file)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    files = sorted(p.glob("*.safetensors")) if p.is_dir() else [p]
+    if not files or not all(f.is_file() for f in files):
+        raise FileNotFoundError(f"{path}: no .safetensors weights there")
+    weights: dict[str, Any] = {}
+    for f in files:
+        weights.update(load_file(str(f)))
+    return weights
+
+
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
 
@@ -232,11 +258,33 @@ def create_app(llm: HFLLM, model_name: str, api_key: str | None = None, limits: 
         card = {"id": model_name, "object": "model", "created": 0, "owned_by": "dreamgym", "max_model_len": llm.max_length}
         return {"object": "list", "data": [card]}
 
+    @app.post("/v1/load_weights")
+    async def load_weights(request: Request) -> JSONResponse:
+        """New weights between rollouts (the trainer's weight sync): the rows in flight finish under the old
+        ones, every later request is answered by the new ones, and each completion says its ``weight_version``.
+        Only a server with an API key accepts it: whoever can load weights decides what the model says."""
+        if api_key is None:
+            raise HTTPError(403, "load_weights needs a server started with an API key (--api-key-env)",
+                            "permission_error")
+        req = await _read(request, LoadWeightsRequest, lim.max_body_bytes)
+        batcher = app.state.batcher
+        version = req.version if req.version is not None else batcher.weight_version + 1
+        if version <= batcher.weight_version:
+            raise HTTPError(409, f"version {version} is not newer than the served version {batcher.weight_version}")
+        try:
+            weights = await asyncio.to_thread(read_weights, req.path)
+            served = await asyncio.wrap_future(batcher.reload(weights, version))
+        except (OSError, ValueError, RuntimeError) as e:
+            raise HTTPError(400, f"load_weights {req.path}: {str(e).splitlines()[0]}") from None
+        log.info("serving weights %s as version %d", req.path, served)
+        return JSONResponse({"path": req.path, "weight_version": served})
+
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
         """Batching counters (not part of the OpenAI API)."""
         b = app.state.batcher
         return {
+            "weight_version": b.weight_version,
             "forward_passes": b.forward_passes,
             "rows_finished": b.rows,
             "mean_rows_per_decode_step": round(b.row_steps / max(1, b.forward_passes), 2),
@@ -322,6 +370,7 @@ def create_app(llm: HFLLM, model_name: str, api_key: str | None = None, limits: 
             "object": "text_completion",
             "created": int(time.time()),
             "model": model_name,
+            "weight_version": done[0].weight_version if done else app.state.batcher.weight_version,
             "choices": choices,
             "usage": usage(prompts, done),
         }
@@ -360,6 +409,7 @@ def create_app(llm: HFLLM, model_name: str, api_key: str | None = None, limits: 
             "object": "chat.completion",
             "created": int(time.time()),
             "model": model_name,
+            "weight_version": done[0].weight_version if done else app.state.batcher.weight_version,
             "choices": choices,
             "usage": usage([prompt], done),
         }
