@@ -61,6 +61,10 @@ from dreamgym.types import Task, write_jsonl
 log = logging.getLogger(__name__)
 
 
+# the latest (so, at the end, the final) evaluation's per-episode task_id, success and reward
+EVAL_TASKS = "eval_tasks.json"
+
+
 def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Console | None = None) -> dict[str, Any]:
     """Run (or resume) RL training into ``run_dir``; returns the summary written to ``RUN/summary.json``."""
     from torch.utils.tensorboard import SummaryWriter
@@ -108,7 +112,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
     try:
         # ---- evaluate: the initial policy
         if ckpt is None and cfg.eval_at_start and eval_pool is not None:
-            result = evaluate(policy, eval_pool, cfg, state)
+            result = evaluate(policy, eval_pool, cfg, state, run / EVAL_TASKS)
             console.print(f"iter 0 | eval success {result.success_rate:.3f} reward {result.mean_reward:.3f}")
         while state.iteration < cfg.iterations:
             if cfg.real_transition_budget is not None and state.real_transitions >= cfg.real_transition_budget:
@@ -178,7 +182,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
             if variances:
                 metrics["task_variances"] = sorted(variances.values())  # the curriculum's V per group
             if eval_pool is not None and ((cfg.eval_every and it % cfg.eval_every == 0) or it == cfg.iterations):
-                result = evaluate(policy, eval_pool, cfg, state)
+                result = evaluate(policy, eval_pool, cfg, state, run / EVAL_TASKS)
                 metrics.update({"eval_success": result.success_rate, "eval_reward": result.mean_reward})
             log_metrics(writer, metrics_path, metrics)
             console.print(_progress_line(metrics), highlight=False, soft_wrap=True)
@@ -192,7 +196,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
                 journal.committed(it)
         if not state.evals or state.evals[-1]["iteration"] != state.iteration:  # budget stop: a final evaluation
             if eval_pool is not None:
-                evaluate(policy, eval_pool, cfg, state)
+                evaluate(policy, eval_pool, cfg, state, run / EVAL_TASKS)
             save(run, learner, rng, state, taskset, pool)
             journal.committed(state.iteration)
     finally:
