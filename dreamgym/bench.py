@@ -70,8 +70,8 @@ def bench_configs(env: str, seeds: Sequence[int], rows: Sequence[str], profile: 
 def _per_task(run: Path, row: str) -> list[dict[str, Any]]:
     path = run / row / "eval_tasks.json"
     if not path.exists():
-        raise ValueError(f"{path} is missing (a stage made before per-task results were kept): rerun with --force "
-                         f"after deleting {run / 'stages' / (row + '.json')}")
+        raise ValueError(f"{path} is missing (a stage made before per-task results were kept): delete "
+                         f"{run / row} and {run / 'stages' / (row + '.json')} and rerun to redo that row")
     return list(json.loads(path.read_text())["per_task"])
 
 

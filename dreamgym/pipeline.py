@@ -599,8 +599,7 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
     dreamgym = by_row.get("dreamgym") or {}
     # seconds: the whole stage (training + evaluation) as first run
     table = [{**{k: r[k] for k in ("method", "real_transitions", "success_rate", "mean_reward")},
-              "seconds": r["stage_seconds"], "row": r["row"],
-              "synthetic_transitions": r.get("synthetic_transitions", 0)} for r in rows]
+              "seconds": r["stage_seconds"]} for r in rows]
     summary: dict[str, Any] = {"env": env, "env_kwargs": cfg.env_kwargs, "offline_data": data, "rows": table}
     if fid is not None:
         summary["fidelity"] = fid
