@@ -119,6 +119,14 @@ def summarize(trajs: list[Trajectory]) -> EvalResult:
     )
 
 
+def per_task_results(trajs: list[Trajectory]) -> list[dict[str, Any]]:
+    """One row per evaluation episode, in episode order: ``episode``, ``task_id``, ``success``, ``reward`` (the
+    episode's total env reward). Evaluations on the same split, episodes and seed play the same tasks in the same
+    order, so two policies' lists pair up index by index (the bench's paired comparisons)."""
+    return [{"episode": i, "task_id": t.task.task_id, "success": bool(t.success), "reward": float(t.total_reward)}
+            for i, t in enumerate(trajs)]
+
+
 def evaluate_scripted(
     env: TextEnv,
     policy: ScriptedPolicy,

@@ -63,6 +63,36 @@ FIDELITY_KEYS = ("transitions", "reward_accuracy", "reward_majority_baseline", "
                  "click_consistency", "reward_consistency", "purchase_page_consistency")
 
 
+# The table's rows (``DemoConfig.rows``, ``dreamgym bench --rows``): the demo's four and optional ones, each an RL
+# (or ablation) stage of its own: PPO in the real env, the dream with PPO, and three DreamGym ablations on their own
+# M_exp or curriculum: no_replay (exp_protocol k=0: no retrieved demonstrations), no_reasoning (M_exp trained without
+# <think> traces: ProtocolConfig.reasoning False) and no_task_generator (curriculum task_generator none).
+ROWS: dict[str, str] = {"sft": "SFT", "grpo_real": "GRPO (real)", "ppo_real": "PPO (real)", "dreamgym": "DreamGym",
+                        "dreamgym_ppo": "DreamGym (PPO)", "s2r": "DreamGym-S2R", "no_replay": "DreamGym w/o replay",
+                        "no_reasoning": "DreamGym w/o reasoning", "no_task_generator": "DreamGym w/o task generator"}
+DEFAULT_ROWS = ("sft", "grpo_real", "dreamgym", "s2r")
+# the stages a row's stage takes outputs from besides sft (S2R continues DreamGym within GRPO-real's budget)
+ROW_NEEDS: dict[str, tuple[str, ...]] = {"s2r": ("grpo_real", "dreamgym"), "no_replay": ("train_exp_no_replay",),
+                                         "no_reasoning": ("train_exp_no_reasoning",)}
+# the ablations' M_exp: exp_protocol fields over the config's
+ABLATION_PROTOCOL: dict[str, dict[str, Any]] = {"train_exp_no_replay": {"k": 0},
+                                                "train_exp_no_reasoning": {"reasoning": False}}
+
+
+def parse_rows(rows: str | Sequence[str]) -> tuple[str, ...]:
+    """``"sft,grpo_real"`` (or a list) -> the row names, checked against :data:`ROWS` (a one-line ValueError)."""
+    names = [r.strip() for r in (rows.split(",") if isinstance(rows, str) else rows)]
+    names = [r for r in names if r]
+    if not names:
+        raise ValueError(f"no rows given; choose from {', '.join(ROWS)}")
+    for r in names:
+        if r not in ROWS:
+            raise ValueError(f"unknown row {r!r}; choose from {', '.join(ROWS)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"a row is given twice: {','.join(names)}")
+    return tuple(names)
+
+
 class DemoConfig(BaseModel):
     """All the demo's knobs; ``PROFILES`` holds the presets (``--profile``), ``--config``/``--set`` override fields.
     ``env_kwargs``, ``policy``, ``dream`` and ``exp_mixture`` default per env (:func:`env_defaults`); dict fields
@@ -127,6 +157,13 @@ class DemoConfig(BaseModel):
     dream_iterations: int = 6
     s2r_share: float = Field(default=0.1, gt=0, le=1, description="S2R budget / GRPO-real's real transitions "
                              "(a strict budget: S2R stops before a group could exceed it)")
+    rows: list[str] = Field(default_factory=lambda: list(DEFAULT_ROWS), description="the table's rows (ROWS): the demo's four by "
+                                  "default; a row's stage runs with the stages it needs (s2r: grpo_real, dreamgym)")
+
+    @model_validator(mode="after")
+    def _check_rows(self) -> DemoConfig:
+        self.rows = list(parse_rows(self.rows))
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -206,7 +243,36 @@ STAGES: dict[str, Stage] = {
     "dreamgym": Stage("DreamGym", ("rl", "dream", "dream_iterations"), ("sft", "train_exp"),
                       ("dreamgym", "dream_buffer", "dream_buffer.partial")),
     "s2r": Stage("DreamGym-S2R", ("s2r_share",), ("dreamgym", "grpo_real"), ("s2r",)),
+    # optional rows (DemoConfig.rows) and the ablations' own experience models
+    "ppo_real": Stage("PPO in the real env", ("rl",), ("sft",), ("ppo_real",)),
+    "dreamgym_ppo": Stage("DreamGym (PPO)", ("rl", "dream", "dream_iterations"), ("sft", "train_exp"),
+                          ("dreamgym_ppo", "dream_buffer_ppo", "dream_buffer_ppo.partial")),
+    "train_exp_no_replay": Stage("M_exp without replay (k=0)", ("exp_model", "exp_protocol", "exp_sft", "exp_mixture"),
+                                 ("annotate",), ("experience_model_no_replay", "buffer_no_replay",
+                                                 "buffer_no_replay.partial")),
+    "no_replay": Stage("DreamGym w/o replay", ("rl", "dream", "dream_iterations"), ("sft", "train_exp_no_replay"),
+                       ("no_replay", "dream_buffer_no_replay", "dream_buffer_no_replay.partial")),
+    "train_exp_no_reasoning": Stage("M_exp without reasoning", ("exp_model", "exp_protocol", "exp_sft", "exp_mixture"),
+                                    ("annotate",), ("experience_model_no_reasoning", "buffer_no_reasoning",
+                                                    "buffer_no_reasoning.partial")),
+    "no_reasoning": Stage("DreamGym w/o reasoning", ("rl", "dream", "dream_iterations"),
+                          ("sft", "train_exp_no_reasoning"),
+                          ("no_reasoning", "dream_buffer_no_reasoning", "dream_buffer_no_reasoning.partial")),
+    "no_task_generator": Stage("DreamGym w/o task generator", ("rl", "dream", "dream_iterations"), ("sft", "train_exp"),
+                               ("no_task_generator", "dream_buffer_no_task_generator",
+                                "dream_buffer_no_task_generator.partial")),
 }
+
+
+def active_stages(cfg: DemoConfig) -> list[str]:
+    """The stages ``cfg`` runs, in :data:`STAGES` order: collect, annotate, train_exp, fidelity (when
+    ``heldout_episodes``), sft, and the rows' stages with the stages they need."""
+    wanted = {"collect", "annotate", "train_exp", "sft", *cfg.rows}
+    if cfg.heldout_episodes:
+        wanted.add("fidelity")
+    for row in cfg.rows:
+        wanted.update(ROW_NEEDS.get(row, ()))
+    return [name for name in STAGES if name in wanted]
 
 
 def stage_keys(cfg: DemoConfig) -> dict[str, dict[str, Any]]:
@@ -405,25 +471,26 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
     and those that depend on them, instead of refusing."""
     from dreamgym.agent.policy import PolicyConfig, load_policy
     from dreamgym.baselines.sft import train_bc
+    from dreamgym.collect import summarize
     from dreamgym.curriculum.config import CURRICULUM_FIELDS
     from dreamgym.envs.pool import env_factory
     from dreamgym.experience.protocol import ProtocolConfig
     from dreamgym.experience.train import train_experience_model
     from dreamgym.plots import plot_success_vs_real, plot_task_variance
-    from dreamgym.rl.evaluate import evaluate_policy
+    from dreamgym.rl.evaluate import EVAL_TASKS, run_eval_episodes, write_per_task
     from dreamgym.rl.trainer import RLConfig, train
     from dreamgym.sft import SFTConfig
 
     keys = stage_keys(cfg)
     if not force:  # refuse before anything is written (demo_config.yaml included)
-        for name in keys:
-            if (name != "fidelity" or cfg.heldout_episodes) and (stale := _stale(out / f"stages/{name}.json", keys[name])):
+        for name in active_stages(cfg):
+            if stale := _stale(out / f"stages/{name}.json", keys[name]):
                 raise ValueError(f"{stale}; {FORCE_HINT}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo_config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
     env = cfg.env
     offline, annotated, exp_dir, sft_dir = out / "offline.jsonl", out / "offline_annotated.jsonl", out / "experience_model", out / "sft"
-    total = 8 if cfg.heldout_episodes else 7
+    total = len(active_stages(cfg))
     numbered = iter(f"{i}/{total}" for i in range(1, total + 1))
 
     def stage(name: str, title: str, run: Callable[[], Any]) -> Any:
@@ -454,13 +521,17 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
         if not (sft_dir / "summary.json").exists():
             train_bc([offline], cfg.policy_model, sft_dir, SFTConfig(**cfg.sft), policy_cfg)
         t0 = time.monotonic()
-        res = evaluate_policy(load_policy(sft_dir), env_factory(env, **cfg.env_kwargs), "test", cfg.eval_episodes,
-                              seed=cfg.seed, max_steps=cfg.max_steps, num_envs=cfg.eval_num_envs)
+        policy = load_policy(sft_dir)
+        played = run_eval_episodes(policy, env_factory(env, **cfg.env_kwargs), "test", cfg.eval_episodes,
+                                   seed=cfg.seed, max_steps=cfg.max_steps, num_envs=cfg.eval_num_envs)
+        trajs = [e.to_trajectory(policy.name) for e in played]
+        write_per_task(sft_dir / EVAL_TASKS, trajs, iteration=0, split="test", seed=cfg.seed)
+        res = summarize(trajs)
         trained = json.loads((sft_dir / "summary.json").read_text())
         return {"method": "SFT", "real_transitions": 0, **res.to_dict(), "seconds": round(time.monotonic() - t0, 1),
                 "train_steps": trained.get("steps"), "time_cap_fired": trained.get("time_cap_fired")}
 
-    rows = [stage("sft", "SFT warm start (behaviour cloning)", sft)]
+    rows = [stage("sft", "SFT warm start (behaviour cloning)", sft)]  # the SFT policy starts every RL row
 
     def rl_stage(name: str, run_dir: Path, overrides: dict[str, Any]) -> dict[str, Any]:
         rl_cfg = RLConfig.model_validate({"max_steps": cfg.max_steps, **cfg.rl, "env": env, "env_kwargs": cfg.env_kwargs,
@@ -472,30 +543,64 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
                 "synthetic_transitions": s.get("synthetic_transitions", 0), "evals": s["evals"],
                 "wm2real": s.get("wm2real")}
 
-    grpo = stage("grpo_real", f"GRPO in the real {env}",
-                 lambda: rl_stage("GRPO (real)", out / "grpo_real", {"init": str(sft_dir)}))
+    by_row: dict[str, dict[str, Any]] = {"sft": rows[0]}
+    if "grpo_real" in active_stages(cfg):
+        by_row["grpo_real"] = stage("grpo_real", f"GRPO in the real {env}",
+                                    lambda: rl_stage(ROWS["grpo_real"], out / "grpo_real", {"init": str(sft_dir)}))
+    if "ppo_real" in cfg.rows:
+        by_row["ppo_real"] = stage("ppo_real", f"PPO in the real {env}", lambda: rl_stage(
+            ROWS["ppo_real"], out / "ppo_real", {"init": str(sft_dir), "algo": "ppo"}))
     # the demo's `dream` holds DreamConfig's fields and the curriculum's (RLConfig.curriculum); the dream adds its
     # rollouts to a copy of M_exp's buffer, so that M_exp's stage outputs stay as it made them
-    dream_buffer = out / "dream_buffer"
-    dream_cfg = {**{k: v for k, v in cfg.dream.items() if k not in CURRICULUM_FIELDS},
-                 "experience_model": str(exp_dir), "buffer": str(dream_buffer), "offline_data": [str(offline)]}
     curriculum = {k: v for k, v in cfg.dream.items() if k in CURRICULUM_FIELDS}
 
-    def dream() -> dict[str, Any]:
-        if (out / "buffer").is_dir() and not dream_buffer.exists():
-            partial = out / "dream_buffer.partial"
+    def dream(row: str, exp: str = "", extra: dict[str, Any] | None = None,
+              curriculum_over: dict[str, Any] | None = None) -> dict[str, Any]:
+        """GRPO (or ``extra``'s algo) in the dream of M_exp ``experience_model{exp}`` into ``out/row``."""
+        model_dir, buffer = out / f"experience_model{exp}", out / f"buffer{exp}"
+        dream_buffer = out / ("dream_buffer" if row == "dreamgym" else f"dream_buffer_{row.removeprefix('dreamgym_')}")
+        if buffer.is_dir() and not dream_buffer.exists():
+            partial = dream_buffer.with_name(dream_buffer.name + ".partial")
             _remove(partial)
-            shutil.copytree(out / "buffer", partial)
+            shutil.copytree(buffer, partial)
             os.replace(partial, dream_buffer)
-        return rl_stage("DreamGym", out / "dreamgym", {"init": str(sft_dir), "dream": dream_cfg,
-                                                       "curriculum": curriculum, "iterations": cfg.dream_iterations})
+        dream_cfg = {**{k: v for k, v in cfg.dream.items() if k not in CURRICULUM_FIELDS},
+                     "experience_model": str(model_dir), "buffer": str(dream_buffer), "offline_data": [str(offline)]}
+        return rl_stage(ROWS[row], out / row, {"init": str(sft_dir), "dream": dream_cfg,
+                                                "curriculum": {**curriculum, **(curriculum_over or {})},
+                                                "iterations": cfg.dream_iterations, **(extra or {})})
 
-    dreamgym = stage("dreamgym", "DreamGym: GRPO in the dream (0 real transitions)", dream)
-    budget = max(1, int(cfg.s2r_share * max(grpo["real_transitions"], 1)))
-    s2r = stage("s2r", f"DreamGym-S2R: continue in the real {env}",
-                lambda: rl_stage("DreamGym-S2R", out / "s2r", {"init": str(out / "dreamgym"),
-                                                               "real_transition_budget": budget, "strict_budget": True}))
-    rows += [grpo, dreamgym, s2r]
+    def train_exp_ablation(name: str) -> None:
+        suffix = name.removeprefix("train_exp")
+        protocol = {**cfg.exp_protocol, **ABLATION_PROTOCOL[name]}
+        stage(name, STAGES[name].title, lambda: train_experience_model(
+            [annotated], cfg.exp_model, out / f"experience_model{suffix}", ProtocolConfig(**protocol),
+            SFTConfig(**cfg.exp_sft), buffer_dir=out / f"buffer{suffix}", mixture=cfg.exp_mixture, seed=cfg.seed))
+
+    if "dreamgym" in active_stages(cfg):
+        by_row["dreamgym"] = stage("dreamgym", "DreamGym: GRPO in the dream (0 real transitions)",
+                                   lambda: dream("dreamgym"))
+    if "s2r" in cfg.rows:
+        budget = max(1, int(cfg.s2r_share * max(by_row["grpo_real"]["real_transitions"], 1)))
+        by_row["s2r"] = stage("s2r", f"DreamGym-S2R: continue in the real {env}", lambda: rl_stage(
+            ROWS["s2r"], out / "s2r", {"init": str(out / "dreamgym"), "real_transition_budget": budget,
+                                       "strict_budget": True}))
+    if "dreamgym_ppo" in cfg.rows:
+        by_row["dreamgym_ppo"] = stage("dreamgym_ppo", "DreamGym with PPO (0 real transitions)",
+                                       lambda: dream("dreamgym_ppo", extra={"algo": "ppo"}))
+    if "no_replay" in cfg.rows:
+        train_exp_ablation("train_exp_no_replay")
+        by_row["no_replay"] = stage("no_replay", "DreamGym w/o replay (M_exp with k=0)",
+                                    lambda: dream("no_replay", "_no_replay"))
+    if "no_reasoning" in cfg.rows:
+        train_exp_ablation("train_exp_no_reasoning")
+        by_row["no_reasoning"] = stage("no_reasoning", "DreamGym w/o reasoning (M_exp without <think>)",
+                                       lambda: dream("no_reasoning", "_no_reasoning"))
+    if "no_task_generator" in cfg.rows:
+        by_row["no_task_generator"] = stage("no_task_generator", "DreamGym w/o task generator", lambda: dream(
+            "no_task_generator", curriculum_over={"task_generator": "none"}))
+    rows = [{**by_row[r], "row": r} for r in cfg.rows]
+    dreamgym = by_row.get("dreamgym") or {}
     # seconds: the whole stage (training + evaluation) as first run
     table = [{**{k: r[k] for k in ("method", "real_transitions", "success_rate", "mean_reward")},
               "seconds": r["stage_seconds"]} for r in rows]
@@ -505,7 +610,8 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
     summary["wm2real"] = dreamgym.get("wm2real")  # the dream stage's last rollouts replayed in the real env
     (out / "table.json").write_text(json.dumps(summary, indent=2))
     plot_success_vs_real(rows, out / "success_vs_real.png", env)
-    plot_task_variance(out / "dreamgym" / "metrics.jsonl", out / "curriculum_variance.png")
+    if (out / "dreamgym" / "metrics.jsonl").exists():
+        plot_task_variance(out / "dreamgym" / "metrics.jsonl", out / "curriculum_variance.png")
     print_table(table, data, cfg, fid, summary["wm2real"])
     return table
 

@@ -36,7 +36,11 @@ def test_keys_follow_the_fields_and_stages_each_stage_depends_on(tmp_path: Path)
     assert base == stage_keys(micro())  # deterministic
     assert base["train_exp"]["inputs"]["exp_sft.epochs"] == 1 and base["train_exp"]["inputs"]["stage annotate"]
     changed = stage_keys(micro(exp_sft={**micro().exp_sft, "epochs": 2}))
-    assert {s for s in STAGES if changed[s]["hash"] != base[s]["hash"]} == {"train_exp", "fidelity", "dreamgym", "s2r"}
+    # M_exp's stage and those downstream of it, the optional rows' and ablations' included (the ablations train
+    # their own M_exp under the same exp_sft)
+    downstream = ["train_exp", "fidelity", "dreamgym", "s2r", "dreamgym_ppo", "train_exp_no_replay", "no_replay",
+                  "train_exp_no_reasoning", "no_reasoning", "no_task_generator"]
+    assert {s for s in STAGES if changed[s]["hash"] != base[s]["hash"]} == set(downstream)
     changed = stage_keys(micro(seed=1))  # read by the first stage: every key changes
     assert all(changed[s]["hash"] != base[s]["hash"] for s in STAGES)
     data = tmp_path / "own.jsonl"
@@ -60,7 +64,9 @@ def test_reuse_refuse_and_force_redo_only_the_dependent_stages(tmp_path: Path) -
                                          r"this config has 2; rerun with --force to redo it and the stages that "
                                          r"depend on it$"):
         run_fake_stages(tmp_path, two)
-    assert run_fake_stages(tmp_path, two, force=True) == ["train_exp", "fidelity", "dreamgym", "s2r"]
+    assert run_fake_stages(tmp_path, two, force=True) == ["train_exp", "fidelity", "dreamgym", "s2r", "dreamgym_ppo",
+                                                          "train_exp_no_replay", "no_replay", "train_exp_no_reasoning",
+                                                          "no_reasoning", "no_task_generator"]
     assert (tmp_path / "experience_model").read_text() == "train_exp"  # the old output was deleted first
     assert run_fake_stages(tmp_path, two) == []
 

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 from dreamgym.cli import baseline as _baseline
+from dreamgym.cli import bench as _bench
 from dreamgym.cli import buffer as _buffer
 from dreamgym.cli import data as _data
 from dreamgym.cli import demo as _demo
@@ -29,7 +30,7 @@ app = typer.Typer(
 )
 err = Console(stderr=True)
 
-for _mod in (_data, _demo, _env, _model, _buffer, _train, _experience, _baseline):
+for _mod in (_data, _demo, _bench, _env, _model, _buffer, _train, _experience, _baseline):
     _mod.register(app)
 
 

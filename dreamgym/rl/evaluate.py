@@ -9,14 +9,20 @@ Episodes run as batched rollouts (one policy call per turn across all live episo
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 from dreamgym.agent.policy import LLMPolicy
-from dreamgym.collect import EvalResult, seeded_order, summarize
+from dreamgym.collect import EvalResult, per_task_results, seeded_order, summarize
 from dreamgym.envs.pool import EnvFactory, EnvPool, LocalEnvPool
 from dreamgym.rl.checkpoint import TrainState
 from dreamgym.rl.config import RLConfig
 from dreamgym.rl.rollout import Episode, collect_rollouts, count_env_steps
-from dreamgym.types import Task
+from dreamgym.types import Task, Trajectory
 
+# RUN/eval_tasks.json: the latest (so, at the end, the final) evaluation's per-episode task_id, success, reward
+EVAL_TASKS = "eval_tasks.json"
 
 def eval_tasks(pool: EnvPool, split: str, episodes: int, seed: int) -> list[Task]:
     """The split's tasks in the seeded order of :func:`dreamgym.collect.seeded_order`."""
@@ -64,15 +70,29 @@ def evaluate_policy(
     return summarize([e.to_trajectory(policy.name) for e in played])
 
 
-def evaluate(policy: LLMPolicy, pool: EnvPool, cfg: RLConfig, state: TrainState) -> EvalResult:
-    """Greedy episodes on the eval split (same tasks every time); their env steps are counted apart."""
+def write_per_task(path: Path, trajs: list[Trajectory], **meta: object) -> None:
+    """``path`` (JSON, written atomically): ``meta`` and ``per_task`` (:func:`dreamgym.collect.per_task_results`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".partial")
+    tmp.write_text(json.dumps({**meta, "per_task": per_task_results(trajs)}, indent=1))
+    os.replace(tmp, path)
+
+
+def evaluate(policy: LLMPolicy, pool: EnvPool, cfg: RLConfig, state: TrainState,
+             per_task: Path | None = None) -> EvalResult:
+    """Greedy episodes on the eval split (same tasks every time); their env steps are counted apart. ``per_task``:
+    also write each episode's task_id, success and reward there (the trainer: ``RUN/eval_tasks.json``, which thus
+    holds the latest, i.e. the final, evaluation)."""
     episodes = run_eval_episodes(policy, pool, cfg.eval_split, cfg.eval_episodes, seed=cfg.seed,
                                  greedy=True, max_steps=cfg.max_steps)
     state.eval_transitions += count_env_steps(episodes)
-    result = summarize([e.to_trajectory(policy.name) for e in episodes])
+    trajs = [e.to_trajectory(policy.name) for e in episodes]
+    result = summarize(trajs)
+    if per_task is not None:
+        write_per_task(per_task, trajs, iteration=state.iteration, split=cfg.eval_split, seed=cfg.seed)
     state.evals.append({"iteration": state.iteration, "real_transitions": state.real_transitions,
                         **result.to_dict()})
     return result
 
 
-__all__ = ["eval_tasks", "evaluate", "evaluate_policy", "run_eval_episodes"]
+__all__ = ["eval_tasks", "evaluate", "evaluate_policy", "run_eval_episodes", "write_per_task"]

@@ -1,0 +1,139 @@
+"""`dreamgym bench`: the statistics against known values (and a cheat), bad input through the CLI, and one
+end-to-end micro bench (2 seeds, 3 rows) that resumes from its stage markers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dreamgym.bench import parse_seeds
+from dreamgym.pipeline import DEFAULT_ROWS, active_stages, demo_config, parse_rows
+from dreamgym.stats import bootstrap_ci, paired_bootstrap_ci, sign_test
+
+
+def test_sign_test_known_values() -> None:
+    # 8 of 10 discordant pairs favour A: p = 2 * (C(10,0) + C(10,1) + C(10,2)) / 2^10 = 112 / 1024
+    a, b = [1] * 8 + [0] * 2 + [1] * 5, [0] * 8 + [1] * 2 + [1] * 5  # 5 ties are dropped
+    assert sign_test(a, b) == {"a_better": 8, "b_better": 2, "p": 0.109375}
+    assert sign_test(b, a)["p"] == 0.109375  # two-sided
+    assert sign_test([1] * 6, [0] * 6)["p"] == pytest.approx(2 / 64)
+    assert sign_test([1, 0, 1], [0, 1, 1])["p"] == 1.0  # balanced: p capped at 1
+    assert sign_test([0.5, 0.5], [0.5, 0.5])["p"] == 1.0  # no discordant pair
+
+
+def test_bootstrap_ci_constant_and_spread() -> None:
+    assert bootstrap_ci([[1.0] * 7, [1.0] * 5]) == {"mean": 1.0, "ci_low": 1.0, "ci_high": 1.0}
+    rng = np.random.default_rng(1)
+    values = [rng.integers(0, 2, 200).tolist() for _ in range(3)]
+    ci = bootstrap_ci(values)
+    assert ci == bootstrap_ci(values)  # seeded
+    assert ci["ci_low"] < ci["mean"] < ci["ci_high"]
+    # ~ mean +- 1.96 sqrt(p(1-p)/n) for 600 coin flips: half-width about 0.04
+    assert 0.02 < (ci["ci_high"] - ci["ci_low"]) / 2 < 0.07
+    # the seed level carries the between-seed spread: seeds far apart widen the CI
+    apart = bootstrap_ci([[0.0] * 50, [1.0] * 50, [0.5] * 50])
+    assert apart["ci_high"] - apart["ci_low"] > 0.3
+    with pytest.raises(ValueError):
+        bootstrap_ci([[]])
+
+
+def test_paired_comparison_and_the_identical_rows_cheat() -> None:
+    rng = np.random.default_rng(2)
+    sft = [rng.integers(0, 2, 40).tolist() for _ in range(3)]
+    # a row with exactly SFT's per-task outcomes: no difference, whatever the outcomes are
+    same = paired_bootstrap_ci(sft, [list(x) for x in sft])
+    assert same["ci_low"] <= 0 <= same["ci_high"] and same == {"mean": 0.0, "ci_low": 0.0, "ci_high": 0.0}
+    flat = [x for xs in sft for x in xs]
+    assert sign_test(flat, list(flat))["p"] == 1.0
+    # a row that succeeds everywhere SFT fails: a clearly positive difference
+    better = [[1] * 40 for _ in range(3)]
+    diff = paired_bootstrap_ci(better, sft)
+    assert diff["ci_low"] > 0 and diff["mean"] == pytest.approx(1 - np.mean(flat))
+    with pytest.raises(ValueError, match="same seeds and tasks"):
+        paired_bootstrap_ci([[1, 0]], [[1]])
+
+
+def test_rows_and_seeds_parse() -> None:
+    assert parse_seeds("0, 1,2") == [0, 1, 2]
+    assert parse_rows("sft,ppo_real") == ("sft", "ppo_real")
+    assert demo_config("micro").rows == list(DEFAULT_ROWS)  # the demo is unchanged
+    cfg = demo_config("micro", {"rows": ["sft", "s2r", "no_replay"]})
+    assert active_stages(cfg) == ["collect", "annotate", "train_exp", "fidelity", "sft", "grpo_real", "dreamgym",
+                                  "s2r", "train_exp_no_replay", "no_replay"]
+
+
+def bench(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dreamgym", "bench", "--profile", "micro", "--out", str(out), *args],
+                          capture_output=True, text=True, timeout=1800)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--rows", "sft,bogus"], "error: unknown row 'bogus'; choose from sft, grpo_real"),
+    (["--env", "nowhere"], "error: unknown env 'nowhere'; registered: "),
+    (["--seeds", "0,one"], "error: --seeds expects comma-separated integers like 0,1,2, got '0,one'"),
+    (["--seeds", ""], "error: --seeds expects comma-separated integers"),
+    (["--seeds", "-1"], "error: --seeds: a seed must be >= 0, got -1"),
+    (["--set", "seed=4"], "error: seed: set by the bench's --env/--seeds/--rows"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    res = bench(tmp_path / "b", *args)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), res.stderr
+    assert not (tmp_path / "b").exists()  # nothing ran
+
+
+# the smallest micro settings: 4 test episodes, no fidelity stage, one RL iteration, one dream iteration
+SMALL = ["--set", "eval_episodes=4", "--set", "heldout_episodes=0", "--set", "offline_episodes=30",
+         "--set", "dream_iterations=1", "--set",
+         "rl={iterations: 1, tasks_per_iter: 2, group_size: 2, eval_every: 0, num_threads: 2, max_steps: 6, "
+         "minibatch_size: 32}"]
+
+
+@pytest.mark.slow
+def test_micro_bench_two_seeds_end_to_end_and_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    res = bench(out, "--seeds", "0,1", "--rows", "sft,grpo_real,dreamgym", *SMALL)
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = json.loads((out / "bench.json").read_text())
+    assert data["env"] == "shop" and data["seeds"] == [0, 1] and data["command"].startswith("dreamgym bench")
+    assert [r["row"] for r in data["rows"]] == ["sft", "grpo_real", "dreamgym"]
+    assert [r["method"] for r in data["rows"]] == ["SFT", "GRPO (real)", "DreamGym"]
+    for r in data["rows"]:
+        for key in ("real_transitions", "synthetic_transitions", "seconds"):
+            assert len(r[key]["per_seed"]) == 2 and r[key]["mean"] == pytest.approx(sum(r[key]["per_seed"]) / 2)
+        for key in ("success_rate", "mean_reward"):
+            assert set(r[key]) == {"mean", "ci_low", "ci_high"}
+            assert r[key]["ci_low"] <= r[key]["mean"] <= r[key]["ci_high"]
+        assert set(r["per_task"]) == {"seed0", "seed1"}
+        for seed, tasks in r["per_task"].items():
+            assert len(tasks) == 4 and all(set(t) == {"episode", "task_id", "success", "reward"} for t in tasks)
+            # the same test tasks, in the same order, as SFT's on that seed: pairable
+            assert [t["task_id"] for t in tasks] == [t["task_id"] for t in data["rows"][0]["per_task"][seed]]
+            success = np.mean([t["success"] for t in tasks])
+            assert success == pytest.approx(json.loads((out / seed / "table.json").read_text())["rows"][
+                [x["row"] for x in data["rows"]].index(r["row"])]["success_rate"])
+    sft, grpo, dream = data["rows"]
+    assert sft["vs_sft"] is None
+    assert sft["real_transitions"]["per_seed"] == [0, 0] and min(grpo["real_transitions"]["per_seed"]) > 0
+    assert dream["real_transitions"]["per_seed"] == [0, 0] and min(dream["synthetic_transitions"]["per_seed"]) > 0
+    for r in (grpo, dream):
+        assert set(r["vs_sft"]) >= {"diff", "sign_test_p"} and 0 <= r["vs_sft"]["sign_test_p"] <= 1
+        assert set(r["vs_sft"]["diff"]) == {"mean", "ci_low", "ci_high"}
+    assert data["baseline"]["policy"] == "random"
+    md = (out / "bench.md").read_text()
+    assert "| SFT |" in md and "DreamGym" in md and "random policy" in md
+    assert "dreamgym bench on shop" in res.stdout  # the rich table (its title; the columns wrap at 80 chars)
+
+    # a rerun resumes: every stage of both seeds is reused from its marker, nothing is retrained
+    markers = {p: p.stat().st_mtime_ns for p in out.glob("seed*/stages/*.json")}
+    again = bench(out, "--seeds", "0,1", "--rows", "sft,grpo_real,dreamgym", *SMALL)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stderr.count("cached") == 2 * 6  # collect, annotate, train_exp, sft, grpo_real, dreamgym per seed
+    assert {p: p.stat().st_mtime_ns for p in out.glob("seed*/stages/*.json")} == markers
+    assert json.loads((out / "bench.json").read_text())["rows"] == data["rows"]
