@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==$(TORCH_VERSION)
 	$(BIN)/python -m pip install -q -e ".[dev,ray,scienceworld,textworld,skyrl]"
+	@# Debian's chromium for the report.html browser test (Playwright cannot fetch its own); never fatal
+	command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		{ apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; } || true; }
 	touch $(STAMP)
 
 install: $(STAMP)

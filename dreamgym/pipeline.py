@@ -477,6 +477,7 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
     from dreamgym.experience.protocol import ProtocolConfig
     from dreamgym.experience.train import train_experience_model
     from dreamgym.plots import plot_success_vs_real, plot_task_variance
+    from dreamgym.report import write_report
     from dreamgym.rl.evaluate import EVAL_TASKS, run_eval_episodes, write_per_task
     from dreamgym.rl.trainer import RLConfig, train
     from dreamgym.sft import SFTConfig
@@ -613,6 +614,7 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
     if (out / "dreamgym" / "metrics.jsonl").exists():
         plot_task_variance(out / "dreamgym" / "metrics.jsonl", out / "curriculum_variance.png")
     print_table(table, data, cfg, fid, summary["wm2real"])
+    console.print(f"report: {write_report(out)}")  # RUN/report.html: the table, curves, fidelity, dreams
     return table
 
 

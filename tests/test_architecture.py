@@ -26,7 +26,7 @@ LAYERS: list[set[str]] = [
     {"curriculum"},
     {"agent", "collect"},
     {"rl"},
-    {"baselines", "pretrain", "plots", "adapters"},
+    {"baselines", "pretrain", "plots", "report", "adapters"},
     {"pipeline"},
     {"bench"},
     {"cli"},

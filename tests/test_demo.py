@@ -26,6 +26,8 @@ def test_micro_demo_end_to_end_and_cached_rerun(tmp_path: Path) -> None:
     table = json.loads((out / "table.json").read_text())
     rows = {row["method"]: row for row in table["rows"]}
     assert list(rows) == ["SFT", "GRPO (real)", "DreamGym", "DreamGym-S2R"]
+    report = (out / "report.html").read_text()  # written by every demo run
+    assert all(row in report for row in rows) and "Experience model fidelity" in report
     for row in rows.values():
         assert set(row) == {"method", "real_transitions", "success_rate", "mean_reward", "seconds"}
         assert 0.0 <= row["success_rate"] <= 1.0

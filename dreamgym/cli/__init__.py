@@ -19,6 +19,7 @@ from dreamgym.cli import demo as _demo
 from dreamgym.cli import env as _env
 from dreamgym.cli import experience as _experience
 from dreamgym.cli import model as _model
+from dreamgym.cli import report as _report
 from dreamgym.cli import train as _train
 
 app = typer.Typer(
@@ -30,7 +31,7 @@ app = typer.Typer(
 )
 err = Console(stderr=True)
 
-for _mod in (_data, _demo, _bench, _env, _model, _buffer, _train, _experience, _baseline):
+for _mod in (_data, _demo, _bench, _env, _model, _buffer, _train, _experience, _baseline, _report):
     _mod.register(app)
 
 
