@@ -27,14 +27,7 @@ from typing import Any
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
 
-from dreamgym.agent.policy import (
-    AgentObservation,
-    PolicyConfig,
-    agent_options,
-    build_agent_prompt,
-    parse_action,
-    resolve_action,
-)
+from dreamgym.agent.policy import AgentObservation, PolicyConfig, build_agent_prompt, env_action
 from dreamgym.envs import TextEnv, make
 
 
@@ -75,21 +68,18 @@ class DreamgymTextEnv(BaseTextEnv):
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
         self.turns += 1
-        options = agent_options(self._observation(), self.policy_cfg)
-        answer = parse_action(action)
-        env_action = (resolve_action(answer, options) if self.policy_cfg.action_format == "index" else answer) \
-            if answer is not None else None
-        obs, reward, terminated, truncated, info = self.env.step(env_action or "")  # "" is an invalid action
-        self.history.append((self._obs, env_action or ""))
+        chosen = env_action(action, self._observation(), self.policy_cfg)
+        obs, reward, terminated, truncated, info = self.env.step(chosen or "")  # "" is an invalid action
+        self.history.append((self._obs, chosen or ""))
         self._obs, self._info = obs, info
         self.success = bool(info.get("success"))
         self.invalid_actions += bool(info.get("invalid_action"))
         done = terminated or truncated or self.turns >= self.max_turns
         next_prompt = [] if done else [build_agent_prompt(self._observation(), self.policy_cfg)[-1]]
         return BaseTextEnvStepOutput(
-            observations=next_prompt, reward=float(reward), done=done, postprocessed_action=env_action,
+            observations=next_prompt, reward=float(reward), done=done, postprocessed_action=chosen,
             metadata={"success": self.success, "invalid_action": bool(info.get("invalid_action")),
-                      "action": env_action, "source": getattr(self.env, "source", "real")})
+                      "action": chosen, "source": getattr(self.env, "source", "real")})
 
     def get_metrics(self) -> dict[str, Any]:
         return {"success": float(self.success), "invalid_actions": self.invalid_actions, "turns": self.turns}

@@ -22,14 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from dreamgym.agent.policy import (
-    AgentObservation,
-    PolicyConfig,
-    agent_options,
-    build_agent_prompt,
-    parse_action,
-    resolve_action,
-)
+from dreamgym.agent.policy import AgentObservation, PolicyConfig, build_agent_prompt, env_action
 from dreamgym.envs import TextEnv, make
 
 try:  # verl-agent's own base class when it is installed
@@ -97,9 +90,7 @@ def dreamgym_projection(text_actions: Sequence[str], vec: DreamgymVecEnv) -> tup
     an option number in ``index`` format), and whether each parsed (an unparsed one is sent as "": invalid)."""
     actions, valids = [], []
     for i, text in enumerate(text_actions):
-        answer = parse_action(text)
-        if answer is not None and vec.policy.action_format == "index":
-            answer = resolve_action(answer, agent_options(vec.observation(i), vec.policy))
+        answer = env_action(text, vec.observation(i), vec.policy)
         actions.append(answer or "")
         valids.append(answer is not None)
     return actions, valids

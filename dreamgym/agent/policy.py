@@ -151,6 +151,16 @@ def parse_action(text: str) -> str | None:
     return found[-1].strip() if found else None
 
 
+def env_action(text: str, obs: AgentObservation, cfg: PolicyConfig) -> str | None:
+    """The env action an LLM output names, read as :class:`LLMPolicy` reads it (:func:`parse_action`, then an
+    option number resolved in ``index`` format); None when it names none. The adapters for other engines use it
+    too, so a policy is read the same way wherever it is trained."""
+    action = parse_action(text)
+    if action is not None and cfg.action_format == "index":
+        action = resolve_action(action, agent_options(obs, cfg))
+    return action
+
+
 def on_policy_config(
     cfg: PolicyConfig, temperature: float, invalid_action_penalty: float, top_p: float = 1.0
 ) -> PolicyConfig:
@@ -189,9 +199,7 @@ class LLMPolicy:
         completions = self.llm.generate(prompts, self.sampling(greedy, seed))
         steps = []
         for o, c in zip(batch, completions, strict=True):
-            action = parse_action(c.text)
-            if action is not None and self.cfg.action_format == "index":
-                action = resolve_action(action, agent_options(o, self.cfg))
+            action = env_action(c.text, o, self.cfg)
             if action is None:
                 self.unparsed += 1
             steps.append(
