@@ -4,7 +4,8 @@ The numbers and JSON fields are those of :func:`dreamgym.collect.summarize` (the
 computed on the same episodes: the split's tasks in the same seeded order and episode ``i`` reset with seed
 ``seed + i``, so ``dreamgym eval --policy oracle`` and ``--policy RUN_DIR`` are directly comparable.
 Episodes run as batched rollouts (one policy call per turn across all live episodes), greedy by default.
-:func:`evaluate` is the trainer's evaluation: the same episodes, their env steps counted apart from training's.
+:func:`record_evaluation` is the trainer's evaluation: the same episodes, their env steps counted apart from
+training's, and the result recorded in its state.
 """
 
 from __future__ import annotations
@@ -78,8 +79,8 @@ def write_per_task(path: Path, trajs: list[Trajectory], **meta: object) -> None:
     os.replace(tmp, path)
 
 
-def evaluate(policy: LLMPolicy, pool: EnvPool, cfg: RLConfig, state: TrainState,
-             per_task: Path | None = None) -> EvalResult:
+def record_evaluation(policy: LLMPolicy, pool: EnvPool, cfg: RLConfig, state: TrainState,
+                      per_task: Path | None = None) -> EvalResult:
     """Greedy episodes on the eval split (same tasks every time); their env steps are counted apart. ``per_task``:
     also write each episode's task_id, success and reward there (the trainer: ``RUN/eval_tasks.json``, which thus
     holds the latest, i.e. the final, evaluation)."""
@@ -95,4 +96,4 @@ def evaluate(policy: LLMPolicy, pool: EnvPool, cfg: RLConfig, state: TrainState,
     return result
 
 
-__all__ = ["eval_tasks", "evaluate", "evaluate_policy", "run_eval_episodes", "write_per_task"]
+__all__ = ["eval_tasks", "evaluate_policy", "record_evaluation", "run_eval_episodes", "write_per_task"]

@@ -55,7 +55,7 @@ from dreamgym.rl.checkpoint import (
 )
 from dreamgym.rl.config import RLConfig, make_env_factory, open_pools, tasks_within_budget
 from dreamgym.rl.critic import truncated_values
-from dreamgym.rl.evaluate import EVAL_TASKS, evaluate
+from dreamgym.rl.evaluate import EVAL_TASKS, record_evaluation
 from dreamgym.rl.learner import Learner
 from dreamgym.rl.rollout import MAX_SEED, Episode, RolloutStats, collect_rollouts, count_env_steps
 from dreamgym.rl.wm2real import wm2real
@@ -111,7 +111,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
     try:
         # ---- evaluate: the initial policy
         if ckpt is None and cfg.eval_at_start and eval_pool is not None:
-            result = evaluate(policy, eval_pool, cfg, state, run / EVAL_TASKS)
+            result = record_evaluation(policy, eval_pool, cfg, state, run / EVAL_TASKS)
             console.print(f"iter 0 | eval success {result.success_rate:.3f} reward {result.mean_reward:.3f}")
         while state.iteration < cfg.iterations:
             if cfg.real_transition_budget is not None and state.real_transitions >= cfg.real_transition_budget:
@@ -176,7 +176,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
             if variances:
                 metrics["task_variances"] = sorted(variances.values())  # the curriculum's V per group
             if eval_pool is not None and ((cfg.eval_every and it % cfg.eval_every == 0) or it == cfg.iterations):
-                result = evaluate(policy, eval_pool, cfg, state, run / EVAL_TASKS)
+                result = record_evaluation(policy, eval_pool, cfg, state, run / EVAL_TASKS)
                 metrics.update({"eval_success": result.success_rate, "eval_reward": result.mean_reward})
             state.seconds = time.monotonic() - started  # this iteration's evaluation included; cumulative:
             metrics.update({"real_wait_s": state.real_wait_s, "real_env_s": state.real_env_s, "wall_s": state.seconds})
@@ -192,7 +192,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
                 journal.committed(it)
         if not state.evals or state.evals[-1]["iteration"] != state.iteration:  # budget stop: a final evaluation
             if eval_pool is not None:
-                evaluate(policy, eval_pool, cfg, state, run / EVAL_TASKS)
+                record_evaluation(policy, eval_pool, cfg, state, run / EVAL_TASKS)
             state.seconds = time.monotonic() - started
             save(run, learner, rng, state, taskset, pool)
             journal.committed(state.iteration)
