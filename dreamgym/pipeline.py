@@ -147,7 +147,8 @@ class DemoConfig(BaseModel):
         default_factory=lambda: {"epochs": 2, "max_steps": 210, "learning_rate": 3e-3, "batch_size": 32,
                                  "time_budget_s": 14400, "num_threads": 1},
         description="SFTConfig fields of the policy's warm start, budgeted in steps (max_steps, else epochs): 210 "
-        "steps is about what the former 600 s budget reached on 2 cores; time_budget_s is only a safety cap "
+        "steps is about what the former 600 s budget reached on 2 cores (~0.32 steps/s, "
+        "benchmarks/results/pretrained_base_policy.json); time_budget_s is only a safety cap "
         "(sft.json's time_cap_fired says whether it fired)")
     # RL: the settings that raised the real shop's success on 3 of 3 seeds (benchmarks/results/shop_rl.json)
     rl: dict[str, Any] = Field(default_factory=lambda: {"iterations": 16, "tasks_per_iter": 8, "group_size": 8,
