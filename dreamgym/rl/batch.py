@@ -14,6 +14,7 @@ from torch import Tensor
 
 from dreamgym.rl.advantages import episode_gae, group_advantages
 from dreamgym.rl.config import RLConfig
+from dreamgym.rl.distributed import Dist
 from dreamgym.rl.losses import masked_whiten
 from dreamgym.rl.rollout import Episode
 
@@ -61,7 +62,7 @@ def collate(rows: Sequence[TurnRow], pad_id: int, with_response: bool = True) ->
 
 def grpo_advantages(
     episodes: Sequence[Episode], rows: list[TurnRow], normalize_std: bool, turn_weighting: str = "token",
-    invalid_penalty_mode: str = "episode",
+    invalid_penalty_mode: str = "episode", dist: Dist | None = None,
 ) -> None:
     """GRPO: every turn of an episode gets its episode's group-normalised return; with
     ``turn_weighting="episode"`` scaled by mean_turns / turns, so every episode weighs the same in the loss.
@@ -74,6 +75,8 @@ def grpo_advantages(
       the raw penalty (``Turn.env_reward - Turn.reward``), not divided by the group std even with
       ``normalize_std`` (a group of equal env returns has std 0, which would blow the penalty up) and not scaled
       by the episode turn weighting (it belongs to the turn, not the episode).
+
+    With ``dist`` (data-parallel; the groups never straddle ranks) ``mean_turns`` is over every rank's episodes.
     """
     if invalid_penalty_mode not in ("episode", "step"):
         raise ValueError(f"unknown invalid_penalty_mode {invalid_penalty_mode!r}; use episode | step")
@@ -81,6 +84,9 @@ def grpo_advantages(
     returns = torch.tensor([e.env_return if step else e.shaped_return for e in episodes], dtype=torch.float64)
     advantages = group_advantages(returns, [e.group_id for e in episodes], normalize_std=normalize_std)
     mean_turns = sum(len(e.turns) for e in episodes) / max(len(episodes), 1)
+    if dist is not None and dist.world_size > 1 and turn_weighting == "episode":
+        shares = dist.gather((sum(len(e.turns) for e in episodes), len(episodes)))
+        mean_turns = sum(t for t, _ in shares) / max(sum(n for _, n in shares), 1)
     scale = [mean_turns / max(len(e.turns), 1) if turn_weighting == "episode" else 1.0 for e in episodes]
     turn_adv = [float(a) * w + ((t.reward - t.env_reward) if step else 0.0)
                 for e, a, w in zip(episodes, advantages, scale, strict=True) for t in e.turns]
@@ -89,11 +95,13 @@ def grpo_advantages(
 
 
 def ppo_advantages(
-    episodes: Sequence[Episode], rows: list[TurnRow], cfg: RLConfig, last_values: Sequence[float | None] | None = None
+    episodes: Sequence[Episode], rows: list[TurnRow], cfg: RLConfig, last_values: Sequence[float | None] | None = None,
+    dist: Dist | None = None,
 ) -> None:
     """PPO: turn-level GAE per episode. The prompt shows the step number, so the step limit is part of the
     state and a truncated episode's last turn is terminal like any other (no bootstrap past it), unless
-    ``last_values`` gives V(s_T) of the cut episodes (``cfg.bootstrap_truncated``; see ``episode_gae``)."""
+    ``last_values`` gives V(s_T) of the cut episodes (``cfg.bootstrap_truncated``; see ``episode_gae``). With
+    ``dist`` (data-parallel) the advantages are whitened over every rank's turns."""
     i = 0
     for j, e in enumerate(episodes):
         n = len(e.turns)
@@ -102,7 +110,16 @@ def ppo_advantages(
         for row, a, r in zip(rows[i : i + n], advantages, returns, strict=True):
             row.advantage, row.ret = a, r
         i += n
-    if cfg.normalize_advantages and len(rows) > 1:
+    if dist is not None and dist.world_size > 1:
+        if cfg.normalize_advantages:
+            shares = dist.gather([r.advantage for r in rows])
+            if sum(len(s) for s in shares) > 1:
+                adv = torch.tensor([a for s in shares for a in s])
+                lo = sum(len(s) for s in shares[: dist.rank])
+                whitened = masked_whiten(adv, torch.ones_like(adv))[lo : lo + len(rows)].tolist()
+                for row, a in zip(rows, whitened, strict=True):
+                    row.advantage = a
+    elif cfg.normalize_advantages and len(rows) > 1:
         adv = torch.tensor([r.advantage for r in rows])
         for row, a in zip(rows, masked_whiten(adv, torch.ones_like(adv)).tolist(), strict=True):
             row.advantage = a

@@ -23,6 +23,7 @@ from dreamgym.curriculum.taskset import TaskSet
 from dreamgym.envs.pool import EnvPool
 from dreamgym.rl.config import RLConfig
 from dreamgym.rl.critic import check_horizon
+from dreamgym.rl.distributed import Dist
 from dreamgym.rl.learner import Learner
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class TrainState:
     real_wait_s: float = 0.0  # the simulated real-env latency training rollouts paid (session-seconds)
     real_env_s: float = 0.0  # wall-clock training rollouts spent in real env resets/steps (latency included)
     evals: list[dict[str, Any]] = field(default_factory=list)
+    world_size: int = 1  # the processes of the attempt that saved it (any world size resumes it)
 
     def count_rollouts(self, steps: int, episodes: int, source: str, env_s: float, latency_s: float) -> None:
         """Count one iteration's training rollouts: real ones in ``real_transitions``, with the wall-clock of their
@@ -69,6 +71,11 @@ CHECKPOINT, CHECKPOINT_TMP, CHECKPOINT_OLD = "checkpoint", "checkpoint.tmp", "ch
 UNCHARGED = "uncharged_real_steps.json"  # real env steps taken since the last checkpoint (see RealStepJournal)
 
 
+def journal_path(run: Path, rank: int) -> Path:
+    """Rank 0's journal is ``UNCHARGED``; rank r > 0 of a data-parallel run keeps ``uncharged_real_steps.rank<r>.json``."""
+    return run / (UNCHARGED if rank == 0 else f"uncharged_real_steps.rank{rank}.json")
+
+
 class RealStepJournal:
     """The real env steps of training rollouts taken after the checkpoint of iteration ``after``, on disk
     before each batched step. A killed attempt loses its uncommitted iterations but not the real interaction
@@ -78,8 +85,8 @@ class RealStepJournal:
     Tagging the steps with their checkpoint's iteration makes the save-then-reset pair safe: a kill between
     the two leaves a journal older than the checkpoint, which is then ignored (its steps are in it)."""
 
-    def __init__(self, run: Path) -> None:
-        self.path = run / UNCHARGED
+    def __init__(self, run: Path, rank: int = 0) -> None:
+        self.path = journal_path(run, rank)
         self.after, self.steps = 0, 0
         if self.path.is_file():
             try:
@@ -91,6 +98,25 @@ class RealStepJournal:
     def uncharged(self, checkpoint_iteration: int) -> int:
         """Steps a killed attempt took after the checkpoint now resumed from (0 if the journal is older)."""
         return self.steps if self.after == checkpoint_iteration else 0
+
+    @classmethod
+    def open(cls, run: Path, checkpoint_iteration: int, dist: Dist) -> tuple[RealStepJournal, int]:
+        """This rank's journal and the steps that every rank of a killed attempt took after the checkpoint (all ranks
+        get the total). Journals of ranks past this world size are charged by rank 0, whose journal takes them on
+        (their files are removed, so a kill of this attempt charges them once)."""
+        journal = cls(run, dist.rank)
+        own = journal.uncharged(checkpoint_iteration)
+        stale = 0
+        if dist.is_main:
+            for path in sorted(run.glob("uncharged_real_steps.rank*.json")):
+                rank = int(path.name.split(".rank")[1].split(".")[0])
+                if rank < dist.world_size:
+                    continue
+                stale += cls(run, rank).uncharged(checkpoint_iteration)
+                path.unlink()
+        total = int(sum(dist.gather(own + stale)))  # before any rank writes: journals are written in rollouts only
+        journal.after, journal.steps = checkpoint_iteration, own + stale  # what a kill of this attempt must charge too
+        return journal, total
 
     def add(self, n: int) -> None:
         self.steps += n
@@ -174,9 +200,10 @@ def save(run: Path, learner: Learner, rng: np.random.Generator, state: TrainStat
     taskset.save(run / TASKS)  # a readable copy of the current task set beside the checkpoint
 
 
-def open_run(cfg: RLConfig, run: Path, resume: bool, console: Console) -> tuple[Path | None, str | Path]:
-    """Check ``run`` against ``resume`` and write ``RUN/config.yaml``; returns the checkpoint to resume from (None
-    for a new run) and the policy to load (that checkpoint's, else ``cfg.init``)."""
+def open_run(cfg: RLConfig, run: Path, resume: bool, console: Console, main: bool = True) -> tuple[Path | None, str | Path]:
+    """Check ``run`` against ``resume`` and write ``RUN/config.yaml`` (``main``: rank 0 of a data-parallel run
+    writes); returns the checkpoint to resume from (None for a new run) and the policy to load (that checkpoint's,
+    else ``cfg.init``)."""
     ckpt = checkpoint_dir(run) if resume else None
     if resume and ckpt is None:
         raise FileNotFoundError(f"{run}: no checkpoint to resume from")
@@ -186,8 +213,9 @@ def open_run(cfg: RLConfig, run: Path, resume: bool, console: Console) -> tuple[
         raise ValueError("RLConfig.init: give the policy to start from (a policy run dir or HF model dir)")
     check_horizon(cfg.max_steps, run if ckpt else cfg.init, f"the resumed run {run}" if ckpt else f"the policy {cfg.init}")
     run.mkdir(parents=True, exist_ok=True)
-    (run / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
-    console.print(yaml.safe_dump(cfg.model_dump(), sort_keys=False), highlight=False)
+    if main:
+        (run / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+        console.print(yaml.safe_dump(cfg.model_dump(), sort_keys=False), highlight=False)
     return ckpt, ckpt if ckpt is not None else cfg.init
 
 
@@ -202,6 +230,19 @@ def log_metrics(writer: Any, path: Path, metrics: dict[str, Any]) -> None:
             writer.add_scalar(k, v, it)
     with path.open("a") as f:
         f.write(json.dumps(metrics) + "\n")
+
+
+def progress_line(m: dict[str, Any]) -> str:
+    """One iteration's console line."""
+    kl = f"kl {m['kl']:.4f}" if "kl" in m else f"kl(old) {m['approx_kl']:.4f}"  # to the reference, else to π_old
+    line = (
+        f"iter {m['iteration']:>4} | reward {m['reward']:.3f} | success {m['success']:.2f} | invalid "
+        f"{m['invalid_rate']:.2f} | {kl} | entropy {m['entropy']:.3f} | tok/s {m['tokens_per_s']:.0f} | "
+        f"real {m['real_transitions']} | gen {m['generation_s']:.1f}s env {m['env_s']:.1f}s update {m['update_s']:.1f}s"
+    )
+    if "eval_success" in m:
+        line += f" | [bold]eval success {m['eval_success']:.3f}[/bold]"
+    return line
 
 
 def truncate_metrics(path: Path, iteration: int) -> None:
@@ -225,10 +266,11 @@ def write_summary(run: Path, cfg: RLConfig, state: TrainState) -> dict[str, Any]
         "initial_eval": state.evals[0] if state.evals and state.evals[0]["iteration"] == 0 else None,
         "evals": state.evals, "seconds": round(state.seconds, 1),
         "wall_s": state.seconds, "real_wait_s": state.real_wait_s, "real_env_s": state.real_env_s,
+        "world_size": state.world_size,
     }
     (run / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 
-__all__ = ["RealStepJournal", "TrainState", "checkpoint_dir", "load_checkpoint", "log_metrics", "open_run",
-           "resume_pool", "save", "save_checkpoint", "truncate_metrics", "write_summary"]
+__all__ = ["RealStepJournal", "TrainState", "checkpoint_dir", "journal_path", "load_checkpoint", "log_metrics", "open_run",
+           "progress_line", "resume_pool", "save", "save_checkpoint", "truncate_metrics", "write_summary"]

@@ -19,6 +19,7 @@ from dreamgym.collect import EvalResult, per_task_results, seeded_order, summari
 from dreamgym.envs.pool import EnvFactory, EnvPool, LocalEnvPool
 from dreamgym.rl.checkpoint import TrainState
 from dreamgym.rl.config import RLConfig
+from dreamgym.rl.distributed import Dist
 from dreamgym.rl.rollout import Episode, collect_rollouts, count_env_steps
 from dreamgym.types import Task, Trajectory
 
@@ -80,10 +81,16 @@ def write_per_task(path: Path, trajs: list[Trajectory], **meta: object) -> None:
 
 
 def record_evaluation(policy: LLMPolicy, pool: EnvPool, cfg: RLConfig, state: TrainState,
-                      per_task: Path | None = None) -> EvalResult:
+                      per_task: Path | None = None, dist: Dist | None = None) -> EvalResult:
     """Greedy episodes on the eval split (same tasks every time); their env steps are counted apart. ``per_task``:
     also write each episode's task_id, success and reward there (the trainer: ``RUN/eval_tasks.json``, which thus
-    holds the latest, i.e. the final, evaluation)."""
+    holds the latest, i.e. the final, evaluation). ``dist`` (data-parallel): rank 0 evaluates, and every rank
+    gets its result and the evaluation counters."""
+    if dist is not None and dist.world_size > 1:
+        result = record_evaluation(policy, pool, cfg, state, per_task) if dist.is_main else None
+        result, state.evals, state.eval_transitions = dist.broadcast((result, state.evals, state.eval_transitions))
+        assert result is not None
+        return result
     episodes = run_eval_episodes(policy, pool, cfg.eval_split, cfg.eval_episodes, seed=cfg.seed,
                                  greedy=True, max_steps=cfg.max_steps)
     state.eval_transitions += count_env_steps(episodes)

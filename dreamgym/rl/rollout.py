@@ -245,4 +245,10 @@ def count_env_steps(episodes: Sequence[Episode]) -> int:
     return sum(e.env_steps for e in episodes)
 
 
-__all__ = ["Episode", "RolloutStats", "Turn", "collect_rollouts", "count_env_steps"]
+def episode_stats(episodes: Sequence[Episode]) -> list[tuple[float, float, bool, int, int]]:
+    """What the trainer's metrics need of each episode (gathered from every rank): env return, shaped return,
+    success, env steps, invalid turns."""
+    return [(e.env_return, e.shaped_return, e.success, e.env_steps, sum(t.invalid for t in e.turns)) for e in episodes]
+
+
+__all__ = ["Episode", "RolloutStats", "Turn", "collect_rollouts", "count_env_steps", "episode_stats"]

@@ -20,6 +20,10 @@ through the pool hooks (:class:`~dreamgym.envs.pool.PoolHooks`). ``RUN/summary.j
 training rollouts costs that much per reset/step (:mod:`dreamgym.envs.latency`); every metrics line then has
 the cumulative ``real_wait_s``, ``real_env_s`` and ``wall_s``. Envs are made by :func:`make_env_factory` only,
 so sim-to-real is this trainer with a real env and a ``real_transition_budget``.
+
+Data-parallel under ``accelerate launch`` (:mod:`dreamgym.rl.distributed`): every rank draws the same tasks and
+rolls out its share of them; the counters, metrics and variances are gathered, so every rank holds the same
+state; rank 0 alone evaluates, logs and checkpoints. One process (no launcher) runs exactly as before.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from dreamgym.rl.checkpoint import (
     load_checkpoint,
     log_metrics,
     open_run,
+    progress_line,
     resume_pool,
     save,
     truncate_metrics,
@@ -55,9 +60,10 @@ from dreamgym.rl.checkpoint import (
 )
 from dreamgym.rl.config import RLConfig, make_env_factory, open_pools, tasks_within_budget
 from dreamgym.rl.critic import truncated_values
+from dreamgym.rl.distributed import Dist
 from dreamgym.rl.evaluate import EVAL_TASKS, record_evaluation
 from dreamgym.rl.learner import Learner
-from dreamgym.rl.rollout import MAX_SEED, Episode, RolloutStats, collect_rollouts, count_env_steps
+from dreamgym.rl.rollout import MAX_SEED, Episode, RolloutStats, collect_rollouts, episode_stats
 from dreamgym.rl.wm2real import wm2real
 from dreamgym.types import Task, write_jsonl
 
@@ -68,10 +74,13 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
     """Run (or resume) RL training into ``run_dir``; returns the summary written to ``RUN/summary.json``."""
     from torch.utils.tensorboard import SummaryWriter
 
-    # ---- setup: the run dir, the seeds, the learner, the counters, the pools and the task set
-    console = console or Console(stderr=True)
+    # ---- setup: the ranks, the run dir, the seeds, the learner, the counters, the pools and the task set
+    dist = Dist.from_env()  # one process unless launched by accelerate with several
+    console = (console or Console(stderr=True)) if dist.is_main else Console(stderr=True, quiet=True)
+    if dist.world_size > 1 and cfg.dream is not None and cfg.dream.buffer is not None:
+        raise ValueError(f"data-parallel dream runs need dream.buffer unset: all {dist.world_size} ranks would write it")
     run = Path(run_dir)
-    ckpt, start = open_run(cfg, run, resume, console)
+    ckpt, start = open_run(cfg, run, resume, console, dist.is_main)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     random.seed(cfg.seed)
@@ -80,14 +89,15 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
     rng = np.random.default_rng(cfg.seed)  # every trainer draw: task sampling, rollout seeds, minibatch order
     policy = load_policy(start)
     policy.cfg = on_policy_config(policy.cfg, cfg.temperature, cfg.invalid_action_penalty, cfg.top_p)
-    learner = Learner(policy, cfg, resumed=ckpt is not None)
+    learner = Learner(policy, cfg, resumed=ckpt is not None, dist=dist)
     state = load_checkpoint(ckpt, learner, rng) if ckpt else TrainState()
-    journal = RealStepJournal(run)
-    lost = journal.uncharged(state.iteration)
-    journal.after, journal.steps = state.iteration, lost  # what a kill of this attempt must charge too
+    journal, lost = RealStepJournal.open(run, state.iteration, dist)  # real steps a killed attempt took
     state.real_transitions += lost
     if ckpt is not None:
-        console.print(f"resumed {run} at iteration {state.iteration} ({state.real_transitions} real transitions)")
+        console.print(f"resumed {run} at iteration {state.iteration} ({state.real_transitions} real transitions)"
+                      + (f" with world_size {dist.world_size}; it was saved with world_size {state.world_size}"
+                         if state.world_size != dist.world_size else ""))
+    state.world_size = dist.world_size
     if lost:
         console.print(f"charged {lost} real transitions that a killed attempt took after that checkpoint")
     pool, eval_pool = open_pools(cfg)  # rollouts: the real env or the dream; evaluations: always the real env
@@ -103,15 +113,16 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
     dream = cfg.dream is not None  # the curriculum runs in the dream only: a real env's task set stays fixed
     generator = cfg.curriculum.task_generator_for(cfg.env, cfg.env_kwargs, pool.task_generator_llm) if dream else None
     synthetic_share = cfg.curriculum.synthetic_share if dream else 0.0
-    writer = SummaryWriter(log_dir=str(run / "tb"), purge_step=state.iteration + 1 if ckpt else None)
+    writer = SummaryWriter(log_dir=str(run / "tb"), purge_step=state.iteration + 1 if ckpt else None) if dist.is_main else None
     metrics_path = run / "metrics.jsonl"
-    truncate_metrics(metrics_path, state.iteration)
+    if dist.is_main:
+        truncate_metrics(metrics_path, state.iteration)
     started = time.monotonic() - state.seconds
     episodes: list[Episode] = []  # the last iteration's rollouts (a dream run's summary replays them: wm2real)
     try:
         # ---- evaluate: the initial policy
         if ckpt is None and cfg.eval_at_start and eval_pool is not None:
-            result = record_evaluation(policy, eval_pool, cfg, state, run / EVAL_TASKS)
+            result = record_evaluation(policy, eval_pool, cfg, state, run / EVAL_TASKS, dist)
             console.print(f"iter 0 | eval success {result.success_rate:.3f} reward {result.mean_reward:.3f}")
         while state.iteration < cfg.iterations:
             if cfg.real_transition_budget is not None and state.real_transitions >= cfg.real_transition_budget:
@@ -124,25 +135,36 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
                               f"than one group may take ({cfg.group_size} x {cfg.max_steps} steps); stopping")
                 break
 
-            # ---- collect_rollouts: G episodes of each sampled task, one batched policy call per turn
+            # ---- collect_rollouts: G episodes of each sampled task (this rank's share), one policy call per turn
             state.iteration += 1
             it = state.iteration
             tasks = taskset.sample(n_tasks, random.Random(int(rng.integers(MAX_SEED))), synthetic_share)
+            lo, hi = dist.shard(len(tasks))  # whole groups: task k resets with seed + k on any rank
             stats = RolloutStats()
             t0 = time.perf_counter()
             pool.on_iteration_start(it)  # the dream tags the synthetic transitions it writes to the replay buffer
-            episodes = collect_rollouts(pool, policy, tasks, cfg.group_size, cfg.max_steps, greedy=False,
-                                        seed=int(rng.integers(MAX_SEED)), split=cfg.train_split, stats=stats,
+            episodes = collect_rollouts(pool, policy, tasks[lo:hi], cfg.group_size, cfg.max_steps, greedy=False,
+                                        seed=int(rng.integers(MAX_SEED)) + lo, split=cfg.train_split, stats=stats,
                                         on_env_steps=journal.add if pool.source == "real" else None)
             rollout_s = time.perf_counter() - t0
-            state.count_rollouts(count_env_steps(episodes), len(episodes), pool.source, stats.env_s, cfg.real_latency_s)
+            ranks = dist.gather((episode_stats(episodes), stats.env_s,
+                                 _group_variances(cfg, episodes, tasks[lo:hi], pool, it, generator is not None)))
+            done = [e for r in ranks for e in r[0]]  # every rank's episodes: (return, shaped, success, steps, invalid)
+            state.count_rollouts(sum(e[3] for e in done), len(done), pool.source, max(r[1] for r in ranks),
+                                 cfg.real_latency_s)  # env steps and episodes summed over ranks
             # the curriculum: reward variance per group, then variations of the high-variance tasks join the set
-            variances = _group_variances(cfg, episodes, tasks, pool, it, generator is not None)
+            variances = {k: v for r in ranks for k, v in r[2].items()}
             if generator is not None:
-                new_tasks = generator.step(variances, taskset, it, random.Random(int(rng.integers(MAX_SEED))))
+                gen_rng = random.Random(int(rng.integers(MAX_SEED)))
+                new_tasks = dist.broadcast(generator.step(variances, taskset, it, gen_rng) if dist.is_main else None)
+                if not dist.is_main:  # rank 0's variations, so that every rank keeps the same task set
+                    taskset.record_variances(variances)
+                    taskset.add(new_tasks, it)
                 state.synthetic_tasks += len(new_tasks)
             if cfg.save_rollouts:
-                write_jsonl(run / "rollouts" / f"iter_{it:05d}.jsonl", [e.to_trajectory(policy.name) for e in episodes])
+                trajs = dist.gather([e.to_trajectory(policy.name) for e in episodes])
+                if dist.is_main:
+                    write_jsonl(run / "rollouts" / f"iter_{it:05d}.jsonl", [t for share in trajs for t in share])
 
             # ---- advantages: one per turn
             t0 = time.perf_counter()
@@ -152,22 +174,20 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
                     row.old_value = v
                 last = (truncated_values(learner.critic, policy, episodes, learner.pad_id, cfg.micro_batch_size)
                         if cfg.bootstrap_truncated else None)
-                ppo_advantages(episodes, rows, cfg, last)
+                ppo_advantages(episodes, rows, cfg, last, dist)
             else:
-                grpo_advantages(episodes, rows, cfg.normalize_std, cfg.turn_weighting, cfg.invalid_penalty_mode)
+                grpo_advantages(episodes, rows, cfg.normalize_std, cfg.turn_weighting, cfg.invalid_penalty_mode, dist)
 
-            # ---- update: clipped policy (and value) steps on minibatches of turns
+            # ---- update: clipped policy (and value) steps on minibatches of turns (all-reduced across ranks)
             losses = learner.update(rows, rng)
             update_s = time.perf_counter() - t0
 
             # ---- evaluate, and log
             metrics: dict[str, Any] = {
                 "iteration": it, "real_transitions": state.real_transitions,
-                "reward": float(np.mean([e.env_return for e in episodes])),
-                "shaped_return": float(np.mean([e.shaped_return for e in episodes])),
-                "success": float(np.mean([e.success for e in episodes])),
-                "episode_steps": float(np.mean([e.env_steps for e in episodes])),
-                "invalid_rate": sum(t.invalid for e in episodes for t in e.turns) / max(len(rows), 1),
+                "reward": float(np.mean([e[0] for e in done])), "shaped_return": float(np.mean([e[1] for e in done])),
+                "success": float(np.mean([e[2] for e in done])), "episode_steps": float(np.mean([e[3] for e in done])),
+                "invalid_rate": sum(e[4] for e in done) / max(sum(e[3] for e in done), 1),
                 "synthetic_transitions": state.synthetic_transitions, "tasks": len(taskset),
                 "tokens_per_s": stats.generated_tokens / max(stats.generation_s, 1e-9),
                 "generation_s": stats.generation_s, "env_s": stats.env_s,
@@ -176,31 +196,37 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
             if variances:
                 metrics["task_variances"] = sorted(variances.values())  # the curriculum's V per group
             if eval_pool is not None and ((cfg.eval_every and it % cfg.eval_every == 0) or it == cfg.iterations):
-                result = record_evaluation(policy, eval_pool, cfg, state, run / EVAL_TASKS)
+                result = record_evaluation(policy, eval_pool, cfg, state, run / EVAL_TASKS, dist)
                 metrics.update({"eval_success": result.success_rate, "eval_reward": result.mean_reward})
             state.seconds = time.monotonic() - started  # this iteration's evaluation included; cumulative:
             metrics.update({"real_wait_s": state.real_wait_s, "real_env_s": state.real_env_s, "wall_s": state.seconds})
-            log_metrics(writer, metrics_path, metrics)
-            console.print(_progress_line(metrics), highlight=False, soft_wrap=True)
-            if rows and metrics["invalid_rate"] >= 1.0:
+            if dist.is_main:
+                log_metrics(writer, metrics_path, metrics)
+            console.print(progress_line(metrics), highlight=False, soft_wrap=True)
+            if rows and metrics["invalid_rate"] >= 1.0 and dist.is_main:
                 log.warning("iteration %d: every action was invalid, so the update learns nothing; does the policy's "
                             "action_format (%s) match how it was trained?", it, policy.cfg.action_format)
 
-            # ---- checkpoint
+            # ---- checkpoint (rank 0: the unwrapped model)
             if it % cfg.save_every == 0 or it == cfg.iterations:
-                save(run, learner, rng, state, taskset, pool)
+                if dist.is_main:
+                    save(run, learner, rng, state, taskset, pool)
                 journal.committed(it)
         if not state.evals or state.evals[-1]["iteration"] != state.iteration:  # budget stop: a final evaluation
             if eval_pool is not None:
-                record_evaluation(policy, eval_pool, cfg, state, run / EVAL_TASKS)
+                record_evaluation(policy, eval_pool, cfg, state, run / EVAL_TASKS, dist)
             state.seconds = time.monotonic() - started
-            save(run, learner, rng, state, taskset, pool)
+            if dist.is_main:
+                save(run, learner, rng, state, taskset, pool)
             journal.committed(state.iteration)
     finally:
-        writer.close()
+        if writer is not None:
+            writer.close()
         pool.close()
         if eval_pool is not None and eval_pool is not pool:
             eval_pool.close()
+    if not dist.is_main:
+        return dict(dist.broadcast(None))  # rank 0's summary
     llm: Any = policy.llm
     save_policy(run, llm.model, llm.tokenizer, policy.cfg)  # RUN is itself a policy run dir (eval --policy RUN)
     summary = write_summary(run, cfg, state)
@@ -213,7 +239,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
     if extra:
         summary.update(extra)
         (run / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+    return dict(dist.broadcast(summary))
 
 
 def _group_variances(cfg: RLConfig, episodes: Sequence[Episode], tasks: Sequence[Task], pool: EnvPool,
@@ -231,18 +257,6 @@ def _group_variances(cfg: RLConfig, episodes: Sequence[Episode], tasks: Sequence
     clusters = cluster_groups(tasks, encoder, max(1, len(tasks) // 4), seed=iteration)
     by_cluster = reward_variance(returns, [clusters[e.task.task_id] for e in episodes])
     return {t.task_id: by_cluster[clusters[t.task_id]] for t in tasks}
-
-
-def _progress_line(m: dict[str, Any]) -> str:
-    kl = f"kl {m['kl']:.4f}" if "kl" in m else f"kl(old) {m['approx_kl']:.4f}"  # to the reference, else to π_old
-    line = (
-        f"iter {m['iteration']:>4} | reward {m['reward']:.3f} | success {m['success']:.2f} | invalid "
-        f"{m['invalid_rate']:.2f} | {kl} | entropy {m['entropy']:.3f} | tok/s {m['tokens_per_s']:.0f} | "
-        f"real {m['real_transitions']} | gen {m['generation_s']:.1f}s env {m['env_s']:.1f}s update {m['update_s']:.1f}s"
-    )
-    if "eval_success" in m:
-        line += f" | [bold]eval success {m['eval_success']:.3f}[/bold]"
-    return line
 
 
 __all__ = ["RLConfig", "TrainState", "make_env_factory", "tasks_within_budget", "train"]
