@@ -6,6 +6,7 @@ Errors that users cause (bad files, bad configs, bad arguments) print one line a
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import typer
@@ -96,13 +97,26 @@ def main() -> None:
     from dreamgym.types import DataError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # under a multi-process launcher (accelerate launch) every error names its rank; the launcher then ends the run
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = f"rank {os.environ.get('RANK', '?')} of {world}: " if world > 1 else ""
     try:
         modules, argv = pop_imports(sys.argv[1:])
         load_plugins(modules)
         app(args=argv)
     except (DataError, OSError, KeyError, ValueError, LLMError, YAMLError) as e:
-        err.print(f"[red]error:[/red] {describe(e)}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/red] {rank}{describe(e)}", highlight=False, soft_wrap=True)
         sys.exit(2)
+    except Exception as e:
+        if not rank:
+            raise
+        from rich.markup import escape
+
+        what = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+        if type(e).__name__.startswith("Dist"):  # a collective broke: a peer died (its own line names it)
+            what = f"lost the other ranks ({what})"
+        err.print(f"[red]error:[/red] {rank}{escape(what)}", highlight=False, soft_wrap=True)
+        sys.exit(1)
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)

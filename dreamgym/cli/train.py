@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -77,14 +78,17 @@ def train_cmd(
         raise typer.BadParameter("--s2r-budget continues a dream run in the real env: the config needs `dream`")
     summary = train(cfg, out, resume=resume, console=console)
     keys = ("algo", "iterations", "real_transitions", "eval_transitions", "success_rate", "mean_reward", "eval_episodes")
-    print(json.dumps({k: summary[k] for k in keys}))
+    main = os.environ.get("RANK", "0") == "0"  # under accelerate launch, rank 0 reports
+    if main:
+        print(json.dumps({k: summary[k] for k in keys}))
     if s2r_budget is not None:
         s2r_dir = out / "s2r"
         s2r_cfg = cfg.model_copy(update={"dream": None, "init": str(out), "real_transition_budget": s2r_budget})
         started = (s2r_dir / "checkpoint").exists() or (s2r_dir / "checkpoint.old").exists()
         console.rule(f"sim-to-real: {s2r_budget} real transitions")
         s2r = train(s2r_cfg, s2r_dir, resume=resume and started, console=console)
-        print(json.dumps({"phase": "s2r", **{k: s2r[k] for k in keys}}))
+        if main:
+            print(json.dumps({"phase": "s2r", **{k: s2r[k] for k in keys}}))
 
 
 def register(app: typer.Typer) -> None:

@@ -109,7 +109,7 @@ class Learner:
         keeper = _KeepLogits(self.train_model)
         # every rank's response lengths: the global minibatches and their token counts (one process: ``rows``)
         lengths = [n for share in dist.gather([len(r.response_ids) for r in rows]) for n in share]
-        lo = sum(len(share) for share in dist.gather(len(rows))[: dist.rank]) if dist.world_size > 1 else 0
+        lo = sum(dist.gather(len(rows))[: dist.rank])  # this rank's first global row
         # old and new log-probs (and values) without dropout, so the first ratio is exactly 1 for any model
         restore_modes = dropout_off(self.model, self.critic)
         for _ in range(cfg.ppo_epochs):
