@@ -19,13 +19,20 @@ over ranks is then exactly the 1-process minibatch gradient (tests/test_distribu
 
 Without a launcher (``WORLD_SIZE`` unset or 1) no ``Accelerator`` is created and :class:`Dist` is the identity:
 plain ``loss.backward()`` and ``clip_grad_norm_``, so a 1-process run is bit for bit what it was.
+
+Checkpoints hold the full model and optimizer (rank 0's; DDP keeps them replicated) and the trainer rng that
+every rank shares, so a run resumes under any world size (``world_size`` is recorded; a change is reported).
+Rollouts generate with, and checkpoints save, the unwrapped model: engines that shard the parameters (FSDP,
+DeepSpeed ZeRO-3) would need them gathered for both, which is not done yet; DDP and ZeRO-1/2 keep them whole.
+Dream runs need ``dream.buffer`` unset (the ranks would write one replay buffer). Timings and ``tokens_per_s``
+in the metrics are rank 0's; ``real_env_s`` adds the slowest rank's env time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -103,22 +110,16 @@ class Dist:
         return self.accelerator.no_sync(model)
 
     def clip_grad_norm_(self, model: nn.Module, max_norm: float) -> Tensor:
+        """Clip the (all-reduced) gradient; its norm before clipping (NaN where the engine keeps it, DeepSpeed)."""
         if self.accelerator is None:
             return nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        return self.accelerator.clip_grad_norm_(model.parameters(), max_norm)
+        norm = self.accelerator.clip_grad_norm_(model.parameters(), max_norm)
+        return norm if norm is not None else torch.tensor(float("nan"))
 
 
-def owned(order: Iterator[int] | list[int], lo: int, hi: int) -> list[int]:
+def owned(order: Sequence[int], lo: int, hi: int) -> list[int]:
     """The global row indices of ``order`` that this rank holds (``[lo, hi)``), as local indices."""
     return [i - lo for i in order if lo <= i < hi]
 
 
-def refuse_or_note_world_size(saved: int, now: int) -> str | None:
-    """What a resume with another world size says: the checkpoint holds the full (unsharded) model and optimizer
-    and the trainer rng every rank shares, so any world size continues the same algorithm."""
-    if saved == now:
-        return None
-    return f"resuming a checkpoint saved with world_size {saved} with world_size {now} (the batch is the same global one)"
-
-
-__all__ = ["Dist", "owned", "refuse_or_note_world_size"]
+__all__ = ["Dist", "owned"]
