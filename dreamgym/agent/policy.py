@@ -84,6 +84,7 @@ class PolicyStep:
     prompt_ids: list[int]
     response_ids: list[int]
     logprobs: list[float] | None
+    weight_version: int | None = None  # the served weights that generated it (a server that reports it)
 
 
 def agent_options(obs: AgentObservation, cfg: PolicyConfig) -> list[str]:
@@ -210,6 +211,7 @@ class LLMPolicy:
                     prompt_ids=list(c.prompt_ids or []),
                     response_ids=list(c.token_ids),
                     logprobs=c.logprobs,
+                    weight_version=c.weight_version,
                 )
             )
         return steps

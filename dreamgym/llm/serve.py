@@ -137,7 +137,10 @@ def read_weights(path: str) -> dict[str, Any]:
         raise FileNotFoundError(f"{path}: no .safetensors weights there")
     weights: dict[str, Any] = {}
     for f in files:
-        weights.update(load_file(str(f)))
+        try:
+            weights.update(load_file(str(f)))
+        except Exception as e:  # safetensors' own SafetensorError (a truncated or corrupt file) is no OSError
+            raise ValueError(f"{f.name}: unreadable safetensors ({str(e).splitlines()[0]})") from None
     return weights
 
 

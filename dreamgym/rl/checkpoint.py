@@ -240,6 +240,8 @@ def progress_line(m: dict[str, Any]) -> str:
         f"{m['invalid_rate']:.2f} | {kl} | entropy {m['entropy']:.3f} | tok/s {m['tokens_per_s']:.0f} | "
         f"real {m['real_transitions']} | gen {m['generation_s']:.1f}s env {m['env_s']:.1f}s update {m['update_s']:.1f}s"
     )
+    if "sync_s" in m:
+        line += f" sync {m['sync_s']:.1f}s (weights v{m['weight_version']})"
     if "eval_success" in m:
         line += f" | [bold]eval success {m['eval_success']:.3f}[/bold]"
     return line

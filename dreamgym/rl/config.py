@@ -13,6 +13,7 @@ from dreamgym.envs.latency import with_latency
 from dreamgym.envs.pool import EnvFactory, EnvPool, env_factory, make_pool
 from dreamgym.experience.dream import DreamConfig, open_dream
 from dreamgym.rl.losses import AggMode, KLKind, check_kl_loss
+from dreamgym.rl.weight_sync import RolloutServer
 
 
 class RLConfig(BaseModel):
@@ -78,6 +79,8 @@ class RLConfig(BaseModel):
     save_rollouts: bool = Field(default=True, description="write each iteration's episodes to RUN/rollouts/")
     seed: int = 0
     num_threads: int | None = Field(default=2, ge=1)
+    # rollouts through an OpenAI-compatible server with weight sync (dreamgym.rl.weight_sync); None: in process
+    rollout_server: RolloutServer | None = None
     # DreamGym: roll out in the experience model's dream instead of the real env (None: the real env)
     dream: DreamConfig | None = None
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="dream runs only")
@@ -103,6 +106,9 @@ class RLConfig(BaseModel):
         if self.real_latency_s > 0 and self.env_backend == "ray":
             raise ValueError("real_latency_s needs env_backend=local (the sessions are bounded per process; "
                              "every Ray actor would get its own)")
+        if self.rollout_server is not None and self.rollout_server.sync == "vllm_lora":
+            raise ValueError("rollout_server.sync=vllm_lora loads LoRA adapters, and the RL trainer updates every "
+                             "weight; use sync=dreamgym (dreamgym serve) or sync=sglang")
         return self
 
     @classmethod

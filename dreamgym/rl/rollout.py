@@ -62,6 +62,7 @@ class Turn:
     terminated: bool
     truncated: bool  # by the env or by the rollout's max_steps
     info: dict[str, Any]  # the env's info essentials after the step (its admissible actions dropped)
+    weight_version: int | None = None  # the served weights that generated the response (rollout servers)
 
     @property
     def done(self) -> bool:
@@ -225,6 +226,7 @@ def collect_rollouts(
                     terminated=result.terminated,
                     truncated=truncated,
                     info={k: v for k, v in result.info.items() if k != "admissible_actions"},
+                    weight_version=step.weight_version,
                 )
             )
             if result.terminated or truncated:

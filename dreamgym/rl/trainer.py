@@ -24,6 +24,9 @@ so sim-to-real is this trainer with a real env and a ``real_transition_budget``.
 Data-parallel under ``accelerate launch`` (:mod:`dreamgym.rl.distributed`): every rank draws the same tasks and
 rolls out its share of them; the counters, metrics and variances are gathered, so every rank holds the same
 state; rank 0 alone evaluates, logs and checkpoints. One process (no launcher) runs exactly as before.
+
+With ``rollout_server`` the training rollouts generate on a server whose log-probs are the behaviour log-probs;
+it gets the weights after each update, and older weights' rollouts are refused (:mod:`dreamgym.rl.weight_sync`).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ from dreamgym.rl.distributed import Dist
 from dreamgym.rl.evaluate import EVAL_TASKS, record_evaluation
 from dreamgym.rl.learner import Learner
 from dreamgym.rl.rollout import MAX_SEED, Episode, RolloutStats, collect_rollouts, episode_stats
+from dreamgym.rl.weight_sync import WeightSync
 from dreamgym.rl.wm2real import wm2real
 from dreamgym.types import Task, write_jsonl
 
@@ -113,6 +117,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
     dream = cfg.dream is not None  # the curriculum runs in the dream only: a real env's task set stays fixed
     generator = cfg.curriculum.task_generator_for(cfg.env, cfg.env_kwargs, pool.task_generator_llm) if dream else None
     synthetic_share = cfg.curriculum.synthetic_share if dream else 0.0
+    sync = WeightSync(policy, cfg.rollout_server, run / "sync", dist)  # rollouts in process, or on a synced server
     writer = SummaryWriter(log_dir=str(run / "tb"), purge_step=state.iteration + 1 if ckpt else None) if dist.is_main else None
     metrics_path = run / "metrics.jsonl"
     if dist.is_main:
@@ -120,6 +125,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
     started = time.monotonic() - state.seconds
     episodes: list[Episode] = []  # the last iteration's rollouts (a dream run's summary replays them: wm2real)
     try:
+        sync.push()  # a rollout server serves the trainer's weights (a resumed run's too) from the first rollout
         # ---- evaluate: the initial policy
         if ckpt is None and cfg.eval_at_start and eval_pool is not None:
             result = record_evaluation(policy, eval_pool, cfg, state, run / EVAL_TASKS, dist)
@@ -143,10 +149,11 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
             stats = RolloutStats()
             t0 = time.perf_counter()
             pool.on_iteration_start(it)  # the dream tags the synthetic transitions it writes to the replay buffer
-            episodes = collect_rollouts(pool, policy, tasks[lo:hi], cfg.group_size, cfg.max_steps, greedy=False,
+            episodes = collect_rollouts(pool, sync.actor, tasks[lo:hi], cfg.group_size, cfg.max_steps, greedy=False,
                                         seed=int(rng.integers(MAX_SEED)) + lo, split=cfg.train_split, stats=stats,
                                         on_env_steps=journal.add if pool.source == "real" else None)
             rollout_s = time.perf_counter() - t0
+            sync.check(episodes, it)  # the stale-policy guard: no turn generated under older weights than pushed
             ranks = dist.gather((episode_stats(episodes), stats.env_s,
                                  _group_variances(cfg, episodes, tasks[lo:hi], pool, it, generator is not None)))
             done = [e for r in ranks for e in r[0]]  # every rank's episodes: (return, shaped, success, steps, invalid)
@@ -181,6 +188,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
             # ---- update: clipped policy (and value) steps on minibatches of turns (all-reduced across ranks)
             losses = learner.update(rows, rng)
             update_s = time.perf_counter() - t0
+            losses.update(sync.push())  # a rollout server serves the new weights from the next rollout on
 
             # ---- evaluate, and log
             metrics: dict[str, Any] = {
@@ -223,6 +231,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
         if writer is not None:
             writer.close()
         pool.close()
+        sync.close()
         if eval_pool is not None and eval_pool is not pool:
             eval_pool.close()
     if not dist.is_main:
