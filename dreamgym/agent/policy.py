@@ -233,7 +233,8 @@ def save_policy(run_dir: str | os.PathLike[str], model: Any, tokenizer: Any, cfg
     return model_dir
 
 
-def load_policy(run_dir: str | os.PathLike[str], device: str = "cpu", cfg: PolicyConfig | None = None) -> LLMPolicy:
+def load_policy(run_dir: str | os.PathLike[str], device: str = "cpu", cfg: PolicyConfig | None = None,
+                dtype: str = "float32") -> LLMPolicy:
     """Load a policy run directory (or a bare HF model dir/name, with the default PolicyConfig)."""
     from dreamgym.llm.hf import HFLLM
 
@@ -245,7 +246,7 @@ def load_policy(run_dir: str | os.PathLike[str], device: str = "cpu", cfg: Polic
     if cfg is None and (run / "policy.json").exists():
         cfg = PolicyConfig.model_validate_json((run / "policy.json").read_text())
     try:
-        llm = HFLLM.from_pretrained(model_dir, device=device)
+        llm = HFLLM.from_pretrained(model_dir, device=device, dtype=dtype)
     except (OSError, RuntimeError, ValueError) as e:
         if not local:
             raise

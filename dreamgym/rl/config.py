@@ -79,6 +79,9 @@ class RLConfig(BaseModel):
     save_rollouts: bool = Field(default=True, description="write each iteration's episodes to RUN/rollouts/")
     seed: int = 0
     num_threads: int | None = Field(default=2, ge=1)
+    device: str = Field(default="cpu", description="torch device of a 1-process run (under accelerate: the rank's)")
+    dtype: Literal["float32", "bfloat16"] = Field(default="float32", description="the policy's (and critic's) "
+                                                  "weights: bfloat16 trains them in bf16 (GPU; no fp32 master copy)")
     # rollouts through an OpenAI-compatible server with weight sync (dreamgym.rl.weight_sync); None: in process
     rollout_server: RolloutServer | None = None
     # DreamGym: roll out in the experience model's dream instead of the real env (None: the real env)

@@ -40,7 +40,8 @@ class Critic(nn.Module):
         """A critic whose trunk is a copy of ``policy_model``'s base transformer (no LM head)."""
         trunk = copy.deepcopy(policy_model.base_model)
         # eval: dropout off, so values at rollout time and in the update come from the same function
-        return cls(trunk, int(policy_model.config.hidden_size)).eval()
+        like = next(policy_model.parameters())  # the value head joins the trunk's device and dtype
+        return cls(trunk, int(policy_model.config.hidden_size)).to(like.device, like.dtype).eval()
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """One value per row, at its last real token ([B, L] right- or left-padded ids -> [B])."""
@@ -78,7 +79,9 @@ def truncated_values(critic: Critic, policy: Any, episodes: Sequence[Any], pad_i
         attn = torch.zeros((len(chunk), width), dtype=torch.long)
         for row, p in enumerate(chunk):
             ids[row, : len(p)], attn[row, : len(p)] = torch.tensor(p), 1
-        for i, v in zip(cut[start : start + micro_batch_size], critic(ids, attn).tolist(), strict=True):
+        device = next(critic.parameters()).device
+        for i, v in zip(cut[start : start + micro_batch_size], critic(ids.to(device), attn.to(device)).tolist(),
+                        strict=True):
             out[i] = float(v)
     critic.train(restore_eval)
     return out

@@ -42,16 +42,18 @@ from torch import Tensor, nn
 class Dist:
     """The ranks of a run (``accelerator`` None: one process, and every method is the identity)."""
 
-    def __init__(self, accelerator: Any = None) -> None:
+    def __init__(self, accelerator: Any = None, device: str = "cpu") -> None:
         self.accelerator = accelerator
+        self._device = torch.device(device)  # one process: where the models live (RLConfig.device)
         self.rank: int = accelerator.process_index if accelerator is not None else 0
         self.world_size: int = accelerator.num_processes if accelerator is not None else 1
 
     @classmethod
-    def from_env(cls) -> Dist:
-        """An ``Accelerator`` when a launcher started more than one process (``WORLD_SIZE`` > 1), else one process."""
+    def from_env(cls, device: str = "cpu") -> Dist:
+        """An ``Accelerator`` when a launcher started more than one process (``WORLD_SIZE`` > 1), else one process
+        on ``device``."""
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-            return cls()
+            return cls(device=device)
         from accelerate import Accelerator
 
         return cls(Accelerator(cpu=not torch.cuda.is_available()))  # no GPU: gloo on the CPU
@@ -62,7 +64,7 @@ class Dist:
 
     @property
     def device(self) -> torch.device:
-        return self.accelerator.device if self.accelerator is not None else torch.device("cpu")
+        return self.accelerator.device if self.accelerator is not None else self._device
 
     def shard(self, n: int) -> tuple[int, int]:
         """This rank's contiguous share ``[lo, hi)`` of ``n`` items (shares differ by at most one item)."""

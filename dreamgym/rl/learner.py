@@ -72,7 +72,7 @@ class Learner:
         if cfg.kl_coef > 0:
             if resumed:
                 assert cfg.init is not None, "a resumed run starts from RLConfig.init"
-                self.ref_model = load_policy(cfg.init).llm.model  # type: ignore[attr-defined]
+                self.ref_model = load_policy(cfg.init, dtype=cfg.dtype).llm.model  # type: ignore[attr-defined]
             else:
                 self.ref_model = copy.deepcopy(self.model)
             self.ref_model.eval().requires_grad_(False).to(self.dist.device)
@@ -148,7 +148,7 @@ class Learner:
 
     def _collate(self, rows: Sequence[TurnRow], with_response: bool = True) -> dict[str, Tensor]:
         batch = collate(rows, self.pad_id, with_response)
-        if self.dist.accelerator is None:
+        if self.dist.device.type == "cpu":
             return batch
         return {k: v.to(self.dist.device) for k, v in batch.items()}
 

@@ -79,7 +79,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
     from torch.utils.tensorboard import SummaryWriter
 
     # ---- setup: the ranks, the run dir, the seeds, the learner, the counters, the pools and the task set
-    dist = Dist.from_env()  # one process unless launched by accelerate with several
+    dist = Dist.from_env(cfg.device)  # one process unless launched by accelerate with several
     console = (console or Console(stderr=True)) if dist.is_main else Console(stderr=True, quiet=True)
     if dist.world_size > 1 and cfg.dream is not None and cfg.dream.buffer is not None:
         raise ValueError(f"data-parallel dream runs need dream.buffer unset: all {dist.world_size} ranks would write it")
@@ -91,7 +91,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)  # every trainer draw: task sampling, rollout seeds, minibatch order
-    policy = load_policy(start)
+    policy = load_policy(start, device=str(dist.device), dtype=cfg.dtype)
     policy.cfg = on_policy_config(policy.cfg, cfg.temperature, cfg.invalid_action_penalty, cfg.top_p)
     learner = Learner(policy, cfg, resumed=ckpt is not None, dist=dist)
     state = load_checkpoint(ckpt, learner, rng) if ckpt else TrainState()
