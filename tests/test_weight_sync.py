@@ -167,3 +167,22 @@ def test_request_shapes_and_the_vllm_lora_refusal() -> None:
     assert push_request(ours, "/w", 2) == ("http://h:8000/v1/load_weights", {"path": "/w", "version": 2})
     with pytest.raises(ValueError, match="vllm_lora loads LoRA adapters"):
         RLConfig.model_validate({"rollout_server": vllm.model_dump()})
+
+
+def test_dreamgym_train_cli_takes_a_rollout_server(policy_run: Path, server: Any, tmp_path: Path) -> None:
+    """The README's ``dreamgym train --set 'rollout_server={...}'`` form."""
+    from typer.testing import CliRunner
+
+    from dreamgym.cli import app
+
+    s, _ = server
+    out = tmp_path / "run"
+    args = ["train", "--env", "shop", "--algo", "grpo", "--init", str(policy_run), "--out", str(out),
+            "--env-arg", "num_products=100", "--env-arg", "num_tasks_per_split=2",
+            "--set", f'rollout_server={{base_url: "{s.url}", model: micro, api_key_env: DG_SYNC_KEY}}',
+            "--set", "iterations=1", "--set", "tasks_per_iter=1", "--set", "group_size=2", "--set", "max_steps=2",
+            "--set", "eval_episodes=0", "--set", "num_threads=1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output[-2000:]
+    metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert metrics["weight_version"] == 2 and metrics["logp_behaviour_gap"] < 1e-4

@@ -16,6 +16,7 @@ and lends its experience model to the curriculum; the real pools keep the no-op 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -202,7 +203,9 @@ class RayEnvPool(PoolHooks):
     """The same interface with each env in its own Ray actor, so slow envs step in parallel processes.
 
     ``factory`` must be picklable (use :func:`env_factory`). Ray is imported here only; install it with
-    ``pip install 'dreamgym[ray]'``. A Ray cluster already started by the caller is reused.
+    ``pip install 'dreamgym[ray]'``. A Ray cluster already started by the caller is reused; with ``RAY_ADDRESS`` set
+    (e.g. ``auto`` on a node of a cluster started with ``ray start``) the pool joins that cluster, whose actors
+    may then run on any of its nodes (the env's package must be installed on each).
     """
 
     def __init__(self, factory: EnvFactory, num_envs: int, num_cpus: int = 2, step_timeout_s: float = 300.0) -> None:
@@ -213,7 +216,10 @@ class RayEnvPool(PoolHooks):
         if num_envs < 1:
             raise ValueError(f"an env pool needs at least one env, got num_envs={num_envs}")
         if not ray.is_initialized():
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            if os.environ.get("RAY_ADDRESS"):  # a running cluster (`ray start`, across nodes): its CPUs, not ours
+                ray.init(log_to_driver=False)
+            else:
+                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
         self._ray = ray
         remote_actor: Any = ray.remote(num_cpus=0)(_EnvActor)  # an idle env needs no CPU reserved
         self.actors: list[Any] = [remote_actor.remote(factory) for _ in range(num_envs)]
