@@ -200,9 +200,12 @@ def test_copy_probe_separates_a_copier_from_a_format_learner() -> None:
 def test_pretrain_command_writes_a_checked_base(tmp_path: Path) -> None:
     out = tmp_path / "base"
     r = run("model", "pretrain", "--out", str(out), "--preset", "micro", "--tokens", "20000", "--vocab-size", "400",
-            "--batch-size", "8", "--threads", "1")
+            "--batch-size", "8", "--threads", "1", "--corpus-version", "4", "--group-by-length",
+            "--induction-steps", "3")
     assert r.returncode == 0, r.stderr[-2000:]
     manifest = read_manifest(out)  # every listed file checks against its sha256
+    assert manifest["induction_warmup"]["steps"] == 3 and manifest["sft"]["group_by_length"]
+    assert manifest["corpus_version"] == "4"
     assert manifest["tokens_seen"] >= 20000 and manifest["corpus_version"] and not manifest["time_cap_fired"]
     assert "--preset micro" in manifest["command"]
     assert manifest["steps"] == manifest["planned_steps"] > 0
@@ -218,3 +221,35 @@ def test_pretrain_command_writes_a_checked_base(tmp_path: Path) -> None:
     assert (more / "tokenizer.json").read_bytes() == (out / "tokenizer.json").read_bytes()
     r = run("model", "pretrain", "--out", str(tmp_path / "bad"), "--preset", "nonsense", "--tokens", "20000")
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_induction_warmup_trains_only_on_the_second_showing_and_is_seeded() -> None:
+    """The warm-up's rows are random single-byte tokens shown twice; the same seed gives the same weights."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from dreamgym.llm.tiny import build_model, tiny_shape
+    from dreamgym.pretrain.train import induction_warmup
+
+    tokenizer = AutoTokenizer.from_pretrained(ASSET_DIR)
+    runs = []
+    for seed in (0, 0, 1):
+        model = build_model(tiny_shape("micro"), tokenizer, seed=0)  # type: ignore[arg-type]
+        report = induction_warmup(model, tokenizer, steps=4, seed=seed, batch_size=4)
+        assert report["steps"] == 4 and 0.0 <= report["repeat_accuracy"] <= 1.0
+        runs.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+
+
+def test_echo_examples_copy_the_state_unchanged() -> None:
+    """Recipe 4's echo skill: an action naming nothing on a page of random fields leaves it as it was."""
+    import random
+
+    from dreamgym.pretrain.corpus import example_of
+
+    rng = random.Random(4)
+    for _ in range(20):
+        ex = example_of("echo", rng, compact=True)
+        state = ex.prompt[-1]["content"].split("STATE:\n", 1)[1].split("\nACTION:", 1)[0]
+        parsed = parse_output(ex.target, ProtocolConfig()).prediction
+        assert parsed is not None and parsed.next_state == state and parsed.reward == 0.0 and not parsed.done

@@ -55,6 +55,9 @@ def pretrain(
                                     "a fresh initialisation; its shape and tokenizer are kept"),
     corpus_version: str = typer.Option("1", help="corpus recipe (dreamgym.pretrain.corpus.RECIPES): 1 (the "
                                        "shipped base's), 2 (a recurring site pool), 3 (2 + a made-up lexicon)"),
+    group_by_length: bool = typer.Option(False, help="batch examples of similar length (less padding, faster)"),
+    induction_steps: int = typer.Option(0, min=0, help="steps of the procedural copy warm-up (random tokens shown "
+                                        "twice) before the corpus, on a fresh model"),
 ) -> None:
     """Pre-train a tiny base model on the procedural copy-and-compare corpus (dreamgym.pretrain.corpus)."""
     import shlex
@@ -68,7 +71,8 @@ def pretrain(
     command = "dreamgym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     manifest = pretrain_base(out, preset, tokens, seed, vocab_size, learning_rate, batch_size,
                              time_cap_s=time_cap, num_threads=threads, command=command, init=init,
-                             corpus_version=corpus_version)
+                             corpus_version=corpus_version, group_by_length=group_by_length,
+                             induction_steps=induction_steps)
     console.print(f"pre-trained {preset} ({manifest['params'] / 1e6:.2f}M params) on {manifest['tokens_seen']:,} "
                   f"tokens in {manifest['train_seconds']:.0f} s, loss {manifest['train_loss']:.3f}: {out}")
 

@@ -56,6 +56,7 @@ class Recipe:
     fresh_site_share: float = 0.0  # share of examples on a fresh site even when there is a pool
     lexicon: int = 0  # words drawn once from the seed, every word then taken whole from them; 0: spelt afresh
     rng_tag: str = "1"  # the stream's RNG is seeded from "dreamgym-corpus-v<rng_tag>-<seed>"
+    compact: bool = False  # short examples: smaller sites, shorter words, mostly no system text (more steps a token)
 
 
 # The agent share is smaller: choosing is one token, copying is many.
@@ -64,6 +65,12 @@ _SKILLS_V1 = {"open": 0.20, "select": 0.12, "buy": 0.18, "search": 0.07, "detail
 # More of the copy skills (open, select, invalid): the version-1 base had not learned to copy after 10M tokens.
 _SKILLS_V2 = {"open": 0.22, "select": 0.14, "buy": 0.16, "search": 0.08, "detail": 0.06, "invalid": 0.10,
               "world": 0.10, "choose": 0.14}
+# Copy first: a share of ``echo`` (copy a page of random fields unchanged: every token is predictable only by
+# looking it up, the cleanest signal for the attention circuit copying needs) and short, compact examples, so the
+# same tokens buy ~2x the optimizer steps. A from-scratch 128x4 forms that circuit on a lone short copy task after
+# ~800 steps of 16 and not on the version-1 mixture in 1,268 (the README's pre-trained-base section).
+_SKILLS_V4 = {"echo": 0.16, "open": 0.22, "select": 0.12, "buy": 0.14, "search": 0.05, "detail": 0.04,
+              "invalid": 0.07, "world": 0.08, "choose": 0.12}
 RECIPES: dict[str, Recipe] = {
     # The shipped base's: every example on a fresh site, every word spelt afresh from ~34x10x13 syllables.
     "1": Recipe(_SKILLS_V1),
@@ -73,6 +80,8 @@ RECIPES: dict[str, Recipe] = {
     # As 2, with words from a lexicon of 1,500 drawn from the seed, so that the BPE learns most words as one to
     # three tokens and a copy can match on distinctive tokens rather than on the same few syllables.
     "3": Recipe(_SKILLS_V2, site_pool=256, fresh_site_share=0.25, lexicon=1500, rng_tag="2"),
+    # Copy first (above), on compact sites from a pool of 256, a quarter fresh.
+    "4": Recipe(_SKILLS_V4, site_pool=256, fresh_site_share=0.25, rng_tag="4", compact=True),
 }
 CORPUS_VERSION = "1"  # the default recipe (the shipped base's)
 SKILLS = _SKILLS_V1
@@ -167,20 +176,31 @@ class Site:
     page_size: int
 
     @classmethod
-    def random(cls, rng: random.Random) -> Site:
-        noun = " ".join(_word(rng).title() for _ in range(rng.choice([1, 1, 2])))
-        attr_pool = list({" ".join(_word(rng) for _ in range(rng.choice([1, 1, 2]))) for _ in range(rng.randint(5, 10))})
-        options = {_word(rng, (1, 2)): list({_word(rng, (1, 2)) for _ in range(rng.randint(2, 5))})
-                   for _ in range(rng.choice([0, 1, 2, 2, 3]))}
-        brands = [_name(rng) for _ in range(6)]
+    def random(cls, rng: random.Random, compact: bool = False) -> Site:
+        """A fresh site; ``compact``: shorter words, at most 2 options of at most 4 values, at most 2 detail
+        buttons and 3-5 results a page (recipe 4; the other recipes' streams are unchanged)."""
+        if compact:
+            word = lambda: _word(rng, (1, 2))  # noqa: E731
+            noun = word().title()
+            attr_pool = list({word() for _ in range(rng.randint(5, 9))})
+            options = {word(): list({word() for _ in range(rng.randint(2, 4))}) for _ in range(rng.choice([0, 1, 1, 2]))}
+            brands = [word().capitalize() for _ in range(6)]
+            n_details, page_size = rng.randint(0, 2), rng.randint(3, 5)
+        else:
+            noun = " ".join(_word(rng).title() for _ in range(rng.choice([1, 1, 2])))
+            attr_pool = list({" ".join(_word(rng) for _ in range(rng.choice([1, 1, 2]))) for _ in range(rng.randint(5, 10))})
+            options = {_word(rng, (1, 2)): list({_word(rng, (1, 2)) for _ in range(rng.randint(2, 5))})
+                       for _ in range(rng.choice([0, 1, 2, 2, 3]))}
+            brands = [_name(rng) for _ in range(6)]
+            n_details, page_size = rng.randint(0, 3), rng.randint(3, 6)
         items = [Item(_code(rng), rng.choice(brands), rng.sample(attr_pool, rng.choice([2, 2, 3])), noun, _price(rng))
                  for _ in range(rng.randint(8, 20))]
         return cls(
             noun=noun, attr_pool=attr_pool, options=options, items=items,
             buy=rng.choice(_UI_BUY), back=rng.choice(_UI_BACK), prev=rng.choice(_UI_PREV),
-            next=rng.choice(_UI_NEXT), details=rng.sample(_UI_DETAIL, rng.randint(0, 3)),
+            next=rng.choice(_UI_NEXT), details=rng.sample(_UI_DETAIL, n_details),
             price_label=rng.choice(_UI_PRICE), leaf=rng.choice(_UI_LEAF), score_line=rng.choice(_UI_SCORE),
-            search_box=f"search[{rng.choice(['your query', 'type here', _word(rng)])}]", page_size=rng.randint(3, 6),
+            search_box=f"search[{rng.choice(['your query', 'type here', _word(rng)])}]", page_size=page_size,
         )
 
     # ---- pages (element lists; numbered by _render)
@@ -374,6 +394,29 @@ def step_invalid(site: Site, wish: Wish, rng: random.Random) -> Step:
                 f"invalid: {bad} not on this page -> state unchanged, reward 0")
 
 
+def _field(rng: random.Random) -> str:
+    """A random field of a page: an id, a price, a made-up word or name, or a short phrase of them."""
+    r = rng.random()
+    if r < 0.25:
+        return _code(rng)
+    if r < 0.35:
+        return f"${_price(rng):.2f}"
+    if r < 0.55:
+        return _name(rng)
+    return " ".join(_word(rng, (1, 2)) for _ in range(rng.randint(1, 3)))
+
+
+def step_echo(rng: random.Random) -> Step:
+    """Copy a page of random fields unchanged after an action that names nothing on it: nothing in the next state
+    can be guessed, everything can be looked up (the purest copy signal)."""
+    kinds = ["text", "link", "button", "option"]
+    els = [(rng.choice(kinds), " ".join(_field(rng) for _ in range(rng.randint(1, 3)))) for _ in range(rng.randint(2, 6))]
+    state = _render(els)
+    bad = f"click[{_word(rng)}]"
+    return Step(f"{rng.choice(_TASK_VERBS)} {_field(rng)}", [], state, bad, state,
+                f"invalid: {bad} not on this page -> state unchanged, reward 0")
+
+
 def step_world(rng: random.Random) -> Step:
     """A room world: ``take X`` moves an object from the room into the inventory, ``drop X`` back, ``go D``
     leads to a neighbour room (its page copyable from a neighbour that went there before)."""
@@ -458,11 +501,14 @@ PROTOCOLS = [
     (0.2, ProtocolConfig(history_window=2, k=0, neighbour_states=False, system_prompt="", ground_action=True)),
     (0.2, ProtocolConfig(history_window=3, k=1, neighbour_states=False, ground_action=True)),
 ]
+# Recipe 4's (compact): the system text rarely, its tokens buy no learning.
+COMPACT_PROTOCOLS = [(0.7, PROTOCOLS[0][1]), (0.22, PROTOCOLS[1][1]), (0.08, PROTOCOLS[2][1])]
 AGENT_CONFIG = PolicyConfig(action_format="index", offer_task_search=True)
 
 
-def _exp_example(step: Step, rng: random.Random) -> SFTExample:
-    cfg = rng.choices([c for _, c in PROTOCOLS], weights=[w for w, _ in PROTOCOLS])[0]
+def _exp_example(step: Step, rng: random.Random, compact: bool = False) -> SFTExample:
+    protocols = COMPACT_PROTOCOLS if compact else PROTOCOLS
+    cfg = rng.choices([c for _, c in protocols], weights=[w for w, _ in protocols])[0]
     history = [("", a) for a in step.history]
     query = ExperienceQuery(step.instruction, history, step.neighbours, step.state, step.action)
     success = step.done and step.reward >= 1.0
@@ -474,19 +520,22 @@ def example(rng: random.Random, pool: list[Site] | None = None, recipe: Recipe =
     """One example of a skill drawn by the recipe's shares, on a site of ``pool`` (or, for the recipe's
     ``fresh_site_share`` of them and when there is no pool, on a fresh one)."""
     skill = rng.choices(list(recipe.skills), weights=list(recipe.skills.values()))[0]
-    return example_of(skill, rng, pool, recipe.fresh_site_share)
+    return example_of(skill, rng, pool, recipe.fresh_site_share, recipe.compact)
 
 
-def example_of(skill: str, rng: random.Random, pool: list[Site] | None = None, fresh_share: float = 0.0) -> SFTExample:
+def example_of(skill: str, rng: random.Random, pool: list[Site] | None = None, fresh_share: float = 0.0,
+               compact: bool = False) -> SFTExample:
     """One example of ``skill`` (see :func:`example`)."""
     if skill == "world":
-        return _exp_example(step_world(rng), rng)
-    site = rng.choice(pool) if pool and rng.random() >= fresh_share else Site.random(rng)
+        return _exp_example(step_world(rng), rng, compact)
+    if skill == "echo":
+        return _exp_example(step_echo(rng), rng, compact)
+    site = rng.choice(pool) if pool and rng.random() >= fresh_share else Site.random(rng, compact)
     wish = _wish(site, rng.choice(site.items), rng)
     if skill == "choose":
         obs, action = choose_step(site, wish, rng)
         return SFTExample(build_agent_prompt(obs, AGENT_CONFIG), action_target(obs, action, AGENT_CONFIG))
-    return _exp_example(STEP_MAKERS[skill](site, wish, rng), rng)
+    return _exp_example(STEP_MAKERS[skill](site, wish, rng), rng, compact)
 
 
 def examples(seed: int, version: str = CORPUS_VERSION, stream: str = "train") -> Iterator[SFTExample]:
@@ -496,7 +545,7 @@ def examples(seed: int, version: str = CORPUS_VERSION, stream: str = "train") ->
     rng = LexiconRandom(f"dreamgym-corpus-v{recipe.rng_tag}-{seed}")
     if recipe.lexicon:
         rng.lexicon = list(dict.fromkeys(_word(rng) for _ in range(recipe.lexicon)))
-    pool = [Site.random(rng) for _ in range(recipe.site_pool)]
+    pool = [Site.random(rng, recipe.compact) for _ in range(recipe.site_pool)]
     if stream != "train":
         rng.seed(f"dreamgym-corpus-v{recipe.rng_tag}-{seed}-{stream}")
     while True:
