@@ -27,3 +27,31 @@ def gym_check(name: str, **kwargs: Any) -> None:
         check_env(plain.unwrapped)
     finally:
         plain.close()
+
+
+def clone_oracle_policy(out: Any, **shop: Any) -> Any:
+    """A micro policy that has memorised the shop oracle's first train episode greedily, but not when sampling (so
+    the episodes of a group differ and GRPO has a signal), saved as a policy dir at ``out``. Cloned with a plain
+    full-batch loop: the steps of ``train_bc`` without the Trainer's start-up time."""
+    import torch
+
+    from dreamgym.agent.policy import PolicyConfig, save_policy
+    from dreamgym.baselines.sft import bc_examples, init_model
+    from dreamgym.collect import iter_episodes
+    from dreamgym.envs import make
+    from dreamgym.sft import MaskedCollator, tokenize_example
+
+    env = make("shop", **shop)
+    trajs = list(iter_episodes(env, env.scripted_policy("oracle"), 1, seed=0))
+    policy_cfg = PolicyConfig(max_new_tokens=16)
+    examples = bc_examples(trajs, policy_cfg)
+    model, tokenizer = init_model("micro", trajs, examples, vocab_size=1024, seed=0)
+    rows = [tokenize_example(tokenizer, ex, max_length=1024) for ex in examples]
+    batch = MaskedCollator(tokenizer.pad_token_id)([r for r in rows if r is not None])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(60):
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    save_policy(out, model, tokenizer, policy_cfg)
+    return out

@@ -26,19 +26,17 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import clone_oracle_policy
 from rich.console import Console
 
-from dreamgym.agent.policy import PolicyConfig, load_policy, save_policy
-from dreamgym.baselines.sft import bc_examples, init_model
-from dreamgym.collect import iter_episodes
-from dreamgym.envs import load_plugins, make
+from dreamgym.agent.policy import load_policy
+from dreamgym.envs import load_plugins
 from dreamgym.envs.pool import LocalEnvPool, env_factory
 from dreamgym.rl.batch import turn_rows
 from dreamgym.rl.distributed import Dist
 from dreamgym.rl.learner import Learner
 from dreamgym.rl.rollout import collect_rollouts
 from dreamgym.rl.trainer import RLConfig, train
-from dreamgym.sft import MaskedCollator, tokenize_example
 
 torch.set_num_threads(1)
 
@@ -52,21 +50,7 @@ ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
 def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The micro policy cloned on the oracle's train episode (as tests/test_trainer.py's), so sampled episodes
     differ and rows have real behaviour log-probs."""
-    env = make("shop", num_products=100, num_tasks_per_split=1)
-    trajs = list(iter_episodes(env, env.scripted_policy("oracle"), 1, seed=0))
-    policy_cfg = PolicyConfig(max_new_tokens=16)
-    examples = bc_examples(trajs, policy_cfg)
-    model, tokenizer = init_model("micro", trajs, examples, vocab_size=1024, seed=0)
-    rows = [tokenize_example(tokenizer, ex, max_length=1024) for ex in examples]
-    batch = MaskedCollator(tokenizer.pad_token_id)([r for r in rows if r is not None])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(60):
-        model(**batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    run = tmp_path_factory.mktemp("bc") / "policy"
-    save_policy(run, model, tokenizer, policy_cfg)
-    return run
+    return clone_oracle_policy(tmp_path_factory.mktemp("bc") / "policy", num_products=100, num_tasks_per_split=1)
 
 
 def _free_port() -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -253,3 +254,40 @@ def test_echo_examples_copy_the_state_unchanged() -> None:
         state = ex.prompt[-1]["content"].split("STATE:\n", 1)[1].split("\nACTION:", 1)[0]
         parsed = parse_output(ex.target, ProtocolConfig()).prediction
         assert parsed is not None and parsed.next_state == state and parsed.reward == 0.0 and not parsed.done
+
+
+# sha256 of the first 50 examples of seed 0 per recipe, and of the copy probe's first held-out examples: a recipe's
+# stream is what its base was trained on, so a change to the generator must not move an existing recipe's draws
+# (`dreamgym model pretrain` with a manifest's flags must rebuild that base), and it must not depend on the
+# process (the test runs the generator under two PYTHONHASHSEEDs: sets of words once made it do so).
+STREAM_SHA256 = {
+    "1": "c18862c9a4d68d3405b8d139dc3d348af051773b5839af1abb6b821b1f01fafb",
+    "2": "e6fa31f336ce5791498644eba08b1511582c2d091702447834d0f95924adc7f3",
+    "3": "241838e125befd754b3b7a8a00df0c3997bbc0c94f67593d8c9de1d05c10d587",
+    "4": "bc59ba8dcbc470ec65dbe5d603bdcc1ed7304198aeb9286dd51182db22443e7e",
+    "probe": "6b03d890c52c93011baf41cd905ecf1227ca43a844d2848cdc661234d2b4a811",
+}
+
+
+def test_recipe_streams_and_the_probe_set_are_pinned() -> None:
+    import hashlib
+    import random
+
+    from dreamgym.pretrain.corpus import SKILLS, example_of
+    from dreamgym.pretrain.train import PROBE_SEED
+
+    def digest(exs) -> str:  # type: ignore[no-untyped-def]
+        return hashlib.sha256("\n".join(text_of(x) for x in exs).encode()).hexdigest()
+
+    assert set(RECIPES) == set(STREAM_SHA256) - {"probe"}
+    for version in RECIPES:
+        assert digest(itertools.islice(examples(0, version), 50)) == STREAM_SHA256[version], version
+    rng = random.Random(PROBE_SEED)
+    assert digest(example_of(s, rng) for s in SKILLS for _ in range(4)) == STREAM_SHA256["probe"]
+    code = ("import hashlib, itertools; from dreamgym.pretrain.corpus import examples; print(hashlib.sha256('\\n'.join("
+            "(e.prompt if isinstance(e.prompt, str) else '\\n'.join(m['content'] for m in e.prompt)) + '\\n' + e.target "
+            "for e in itertools.islice(examples(0, '1'), 50)).encode()).hexdigest())")
+    for hash_seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "PYTHONHASHSEED": hash_seed})
+        assert out.stdout.strip() == STREAM_SHA256["1"], out.stderr[-500:]

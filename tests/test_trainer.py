@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import clone_oracle_policy
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
@@ -20,7 +21,6 @@ from dreamgym.collect import iter_episodes
 from dreamgym.envs import make, register
 from dreamgym.envs.shop import ShopEnv
 from dreamgym.rl.trainer import RLConfig, tasks_within_budget, train
-from dreamgym.sft import MaskedCollator, tokenize_example
 from dreamgym.types import read_jsonl
 
 torch.set_num_threads(1)
@@ -43,24 +43,9 @@ register("counting-shop", CountingShop)
 
 @pytest.fixture(scope="module")
 def sft_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A micro policy that has memorised the oracle on the train task greedily, but not when sampling (so the
-    episodes of a group differ and GRPO has a signal). Cloned with a plain full-batch loop: the steps are those
-    of ``train_bc``, minus the Trainer's start-up time."""
-    env = make("shop", **SHOP)
-    trajs = list(iter_episodes(env, env.scripted_policy("oracle"), 1, seed=0))
-    policy_cfg = PolicyConfig(max_new_tokens=16)
-    examples = bc_examples(trajs, policy_cfg)
-    model, tokenizer = init_model("micro", trajs, examples, vocab_size=1024, seed=0)
-    rows = [tokenize_example(tokenizer, ex, max_length=1024) for ex in examples]
-    batch = MaskedCollator(tokenizer.pad_token_id)([r for r in rows if r is not None])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(60):
-        model(**batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    run = tmp_path_factory.mktemp("bc") / "run"
-    save_policy(run, model, tokenizer, policy_cfg)
-    return run
+    """A micro policy that has memorised the oracle on the train task greedily, but not when sampling
+    (:func:`conftest.clone_oracle_policy`)."""
+    return clone_oracle_policy(tmp_path_factory.mktemp("bc") / "run", **SHOP)
 
 
 def config(sft_run: Path, **overrides: Any) -> RLConfig:

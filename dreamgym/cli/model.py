@@ -54,7 +54,8 @@ def pretrain(
     init: str | None = typer.Option(None, help="continue this base (pretrained or a base directory) instead of "
                                     "a fresh initialisation; its shape and tokenizer are kept"),
     corpus_version: str = typer.Option("1", help="corpus recipe (dreamgym.pretrain.corpus.RECIPES): 1 (the "
-                                       "shipped base's), 2 (a recurring site pool), 3 (2 + a made-up lexicon)"),
+                                       "shipped base's), 2 (a recurring site pool), 3 (2 + a made-up lexicon), "
+                                       "4 (compact sites + echo)"),
     group_by_length: bool = typer.Option(False, help="batch examples of similar length (less padding, faster)"),
     induction_steps: int = typer.Option(0, min=0, help="steps of the procedural copy warm-up (random tokens shown "
                                         "twice) before the corpus, on a fresh model"),

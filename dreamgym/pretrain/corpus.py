@@ -21,19 +21,21 @@ The skills, one generator each (:data:`SKILLS`):
   detail page from the item's title, copy the state unchanged after an action that names nothing;
 * ``world``: a room world (``location:`` header, ``[c1] command:`` lines) where taking, dropping and moving
   copy objects between lines;
-* ``choose``: an agent step: the number of the option whose text matches the instruction best.
+* ``choose``: an agent step: the number of the option whose text matches the instruction best;
+* ``echo`` (recipe 4): an action naming nothing on a page of random fields; the page, unchanged, is the target.
 
 Nothing here is drawn from an env: words, names, ids, prices, option names and layouts are made up from a
 seeded RNG (syllables), so a base trained on it has seen none of any evaluation's catalog, tasks or games.
 The generator is a pure function of its seed and recipe (:data:`RECIPES`): :func:`examples` yields the same
-stream every time. Recipe 1 made the shipped base; 2 (a recurring site pool) and 3 (2 + a made-up lexicon) are
+stream every time, in any process (no set order leaks into it). Recipe 1 made the shipped base; 2 (a recurring
+site pool), 3 (2 + a made-up lexicon) and 4 (compact sites + ``echo``: copy a page of random fields unchanged) are
 the alternatives measured against it (README, "The pre-trained base"); none has yet made a 1.3M model copy.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from dreamgym.agent.policy import AgentObservation, PolicyConfig, action_target, build_agent_prompt
@@ -66,9 +68,9 @@ _SKILLS_V1 = {"open": 0.20, "select": 0.12, "buy": 0.18, "search": 0.07, "detail
 _SKILLS_V2 = {"open": 0.22, "select": 0.14, "buy": 0.16, "search": 0.08, "detail": 0.06, "invalid": 0.10,
               "world": 0.10, "choose": 0.14}
 # Copy first: a share of ``echo`` (copy a page of random fields unchanged: every token is predictable only by
-# looking it up, the cleanest signal for the attention circuit copying needs) and short, compact examples, so the
-# same tokens buy ~2x the optimizer steps. A from-scratch 128x4 forms that circuit on a lone short copy task after
-# ~800 steps of 16 and not on the version-1 mixture in 1,268 (the README's pre-trained-base section).
+# looking it up, the cleanest signal for the attention circuit copying needs) and short, compact examples (~24%
+# fewer tokens an example, so more optimizer steps for the same tokens). Measured: it moved the probe's echo skill
+# (0.50 -> 0.60 after 1,928 steps) and no other; the 128x4 still does not copy (README, "The pre-trained base").
 _SKILLS_V4 = {"echo": 0.16, "open": 0.22, "select": 0.12, "buy": 0.14, "search": 0.05, "detail": 0.04,
               "invalid": 0.07, "world": 0.08, "choose": 0.12}
 RECIPES: dict[str, Recipe] = {
@@ -117,6 +119,12 @@ def _word(rng: random.Random, syllables: tuple[int, int] = (1, 3)) -> str:
         return str(rng.choice(lexicon))
     return "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
                    for _ in range(rng.randint(*syllables)))
+
+
+def _unique(words: Iterable[str]) -> list[str]:
+    """The distinct words in first-seen order (a set's order would follow PYTHONHASHSEED, so the stream would
+    differ from one process to the next)."""
+    return list(dict.fromkeys(words))
 
 
 def _name(rng: random.Random) -> str:
@@ -182,25 +190,27 @@ class Site:
         if compact:
             word = lambda: _word(rng, (1, 2))  # noqa: E731
             noun = word().title()
-            attr_pool = list({word() for _ in range(rng.randint(5, 9))})
-            options = {word(): list({word() for _ in range(rng.randint(2, 4))}) for _ in range(rng.choice([0, 1, 1, 2]))}
+            attr_pool = _unique(word() for _ in range(rng.randint(5, 9)))
+            options = {word(): _unique(word() for _ in range(rng.randint(2, 4))) for _ in range(rng.choice([0, 1, 1, 2]))}
             brands = [word().capitalize() for _ in range(6)]
             n_details, page_size = rng.randint(0, 2), rng.randint(3, 5)
         else:
             noun = " ".join(_word(rng).title() for _ in range(rng.choice([1, 1, 2])))
-            attr_pool = list({" ".join(_word(rng) for _ in range(rng.choice([1, 1, 2]))) for _ in range(rng.randint(5, 10))})
-            options = {_word(rng, (1, 2)): list({_word(rng, (1, 2)) for _ in range(rng.randint(2, 5))})
+            attr_pool = _unique(" ".join(_word(rng) for _ in range(rng.choice([1, 1, 2]))) for _ in range(rng.randint(5, 10)))
+            options = {_word(rng, (1, 2)): _unique(_word(rng, (1, 2)) for _ in range(rng.randint(2, 5)))
                        for _ in range(rng.choice([0, 1, 2, 2, 3]))}
             brands = [_name(rng) for _ in range(6)]
-            n_details, page_size = rng.randint(0, 3), rng.randint(3, 6)
         items = [Item(_code(rng), rng.choice(brands), rng.sample(attr_pool, rng.choice([2, 2, 3])), noun, _price(rng))
                  for _ in range(rng.randint(8, 20))]
+        # The draws below keep recipes 1-3's order exactly (their streams are the shipped base's and its variants').
         return cls(
             noun=noun, attr_pool=attr_pool, options=options, items=items,
             buy=rng.choice(_UI_BUY), back=rng.choice(_UI_BACK), prev=rng.choice(_UI_PREV),
-            next=rng.choice(_UI_NEXT), details=rng.sample(_UI_DETAIL, n_details),
+            next=rng.choice(_UI_NEXT),
+            details=rng.sample(_UI_DETAIL, n_details if compact else rng.randint(0, 3)),
             price_label=rng.choice(_UI_PRICE), leaf=rng.choice(_UI_LEAF), score_line=rng.choice(_UI_SCORE),
-            search_box=f"search[{rng.choice(['your query', 'type here', _word(rng)])}]", page_size=page_size,
+            search_box=f"search[{rng.choice(['your query', 'type here', _word(rng)])}]",
+            page_size=page_size if compact else rng.randint(3, 6),
         )
 
     # ---- pages (element lists; numbered by _render)

@@ -138,7 +138,8 @@ def copy_probe(model: Any, tokenizer: Any, per_skill: int = PROBE_PER_SKILL) -> 
     (words never seen in training), so memorising a pool cannot pass it. The shipped base, which predicts no copied
     id or word even teacher-forced, scores 0.45-0.65 on the copy skills (tags, ``[n]`` and element kinds are predictable
     without copying); an oracle scores 1.0, and a model that copies should approach it on ``invalid`` (copy the
-    state unchanged) and ``open`` (copy the named element into the next page)."""
+    state unchanged), ``open`` (copy the named element into the next page) and ``echo`` (copy a page of random
+    fields unchanged: there, nothing but the copy is predictable)."""
     import random
 
     import torch
@@ -149,7 +150,8 @@ def copy_probe(model: Any, tokenizer: Any, per_skill: int = PROBE_PER_SKILL) -> 
     model.eval()
     out: dict[str, float] = {}
     with torch.no_grad():
-        for skill in SKILLS:
+        # echo last, so the other skills' held-out examples are those earlier bases were probed on
+        for skill in (*SKILLS, "echo"):
             right = total = 0
             for _ in range(per_skill):
                 ex = example_of(skill, rng)
