@@ -222,6 +222,8 @@ def test_pretrain_command_writes_a_checked_base(tmp_path: Path) -> None:
     assert (more / "tokenizer.json").read_bytes() == (out / "tokenizer.json").read_bytes()
     r = run("model", "pretrain", "--out", str(tmp_path / "bad"), "--preset", "nonsense", "--tokens", "20000")
     assert r.returncode == 2 and "Traceback" not in r.stderr
+    r = run("model", "pretrain", "--out", str(tmp_path / "bad2"), "--init", str(out), "--induction-steps", "5")
+    assert r.returncode == 2 and "--induction-steps" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_induction_warmup_trains_only_on_the_second_showing_and_is_seeded() -> None:

@@ -85,11 +85,11 @@ def induction_warmup(model: Any, tokenizer: Any, steps: int, seed: int, batch_si
     which only looking back can predict. Rows vary in length, so no fixed offset answers it: only matching
     content does.
 
-    This is the setting in which small transformers form induction (copy) heads fastest (Olsson et al. 2022; a
-    short LR warmup helps, and procedural pre-training transfers through attention: Hu et al., arXiv 2502.19249).
-    The corpus mixture alone did not form them in a 1.3M model (README, "The pre-trained base"); on these rows
-    a fresh 128x4 goes from 0.19 to 0.93 repeat accuracy between steps 1,500 and 1,600 (a phase change, ~4 min of
-    one core). Seeded, so the same flags give the same model.
+    Small transformers form induction (copy) heads on such rows (Olsson et al. 2022), and procedural pre-training
+    has been reported to transfer through attention (Hu et al., arXiv 2502.19249). The corpus mixture alone did not
+    form them in a 1.3M model; on these rows a fresh 128x4 goes from 0.19 to 0.93 repeat accuracy between steps
+    1,500 and 1,600 (~4 min of one core). Measured so far, the circuit does not carry into the corpus that follows
+    (README, "The pre-trained base"). Seeded, so the same flags give the same model.
     Returns the steps, the final loss and the repeat accuracy on held-out rows."""
     import torch
 
@@ -198,6 +198,8 @@ def pretrain_base(
     from dreamgym.llm.tiny import build_model, tiny_shape
     from dreamgym.pretrain.corpus import RECIPES
 
+    if induction_steps and init is not None:
+        raise ValueError("--induction-steps warms up a fresh model; it cannot be combined with --init")
     if corpus_version not in RECIPES:
         raise ValueError(f"--corpus-version {corpus_version!r}: not one of {', '.join(RECIPES)}")
     preset = tiny_shape(shape)
