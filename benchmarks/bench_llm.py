@@ -57,20 +57,27 @@ def median_interleaved(runs: dict[str, Callable[[], list[Completion]]], repeats:
 
 
 def start_server(model_dir: Path, port: int, threads: int, max_batch: int) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-c", "from dreamgym.cli import main; main()", "serve", str(model_dir)]
-    cmd += ["--port", str(port), "--threads", str(threads), "--max-batch", str(max_batch), "--served-model-name", "bench"]
+    return start_serve(["--threads", str(threads), "--max-batch", str(max_batch), "--served-model-name", "bench"],
+                       model_dir, port)
+
+
+def start_serve(args: list[str], model_dir: Path, port: int, api_key: str | None = None) -> subprocess.Popen[bytes]:
+    """``dreamgym serve MODEL_DIR --port PORT ARGS`` in its own process, returned once ``/v1/models`` answers
+    (with ``api_key`` as its Bearer key); its stderr tail in the error if it exits or is not up within 120 s."""
+    cmd = [sys.executable, "-m", "dreamgym", "serve", str(model_dir), "--port", str(port), *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/models", headers=headers, timeout=2).status_code == 200:
                 return proc
         except httpx.HTTPError:
             time.sleep(0.2)
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+            raise RuntimeError(f"dreamgym serve exited: {proc.stderr.read().decode()[-500:] if proc.stderr else ''}")
     proc.kill()
-    raise RuntimeError("server did not start within 120 s")
+    raise RuntimeError("dreamgym serve did not start within 120 s")
 
 
 def free_port() -> int:

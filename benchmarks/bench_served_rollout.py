@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import torch
 
@@ -36,33 +34,17 @@ from dreamgym.collect import iter_episodes
 from dreamgym.envs import make
 from dreamgym.rl.trainer import RLConfig, train
 
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_llm import free_port, start_serve
+
 RESULTS = Path(__file__).parent / "results" / "bench_served_rollout.json"
 SHOP: dict[str, Any] = {"num_products": 100, "num_tasks_per_split": 8}
 KEY_ENV = "DREAMGYM_BENCH_KEY"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_server(model_dir: Path, port: int, threads: int) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "dreamgym", "serve", str(model_dir), "--port", str(port), "--api-key-env", KEY_ENV,
-           "--served-model-name", "policy", "--threads", str(threads)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {os.environ[KEY_ENV]}"},
-                         timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.5)
-        if proc.poll() is not None:
-            raise RuntimeError(f"dreamgym serve exited: {proc.stderr.read().decode()[-500:] if proc.stderr else ''}")
-    proc.kill()
-    raise RuntimeError("dreamgym serve did not start within 120 s")
+    return start_serve(["--api-key-env", KEY_ENV, "--served-model-name", "policy", "--threads", str(threads)],
+                       model_dir, port, api_key=os.environ[KEY_ENV])
 
 
 def run_once(cfg: RLConfig, out: Path) -> dict[str, Any]:
