@@ -87,20 +87,28 @@ def split_init(init: str) -> tuple[str, str]:
 def run_exp(args: argparse.Namespace, init: str, seed: int, results: dict[str, Any], out: Path) -> None:
     import yaml
 
+    from dreamgym.cli.train import parse_overrides
     from dreamgym.experience.fidelity import evaluate_experience_model
     from dreamgym.experience.model import ExperienceModel
     from dreamgym.experience.train import ExpTrainConfig, train_experience_model
     from dreamgym.replay import ReplayBuffer
     from dreamgym.types import read_trajectories
 
-    cfg = ExpTrainConfig.model_validate(yaml.safe_load(args.config.read_text()))
+    raw = yaml.safe_load(args.config.read_text())
+    for key, value in parse_overrides(args.set).items():  # dotted keys reach into sections: protocol.copy_refs=true
+        *path, leaf = key.split(".")
+        node = raw
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    cfg = ExpTrainConfig.model_validate(raw)
     init, model_path = split_init(init)
     run = args.work / "exp" / f"{init}-s{seed}"
     every = min(args.points)
     # The config's schedule (epochs, warmup) with the budget as its time limit, as the demo trains it.
     # The budget is --steps optimizer steps, the learning-rate schedule (warmup, cosine) spanning exactly them;
     # --budget seconds only caps the wall time (and cuts it into the --points snapshots).
-    sft = cfg.sft_config().model_copy(update={"max_steps": args.steps, "time_budget_s": float(args.budget),
+    sft = cfg.sft_config().model_copy(update={"max_steps": args.steps, "time_budget_s": float(args.time_cap or args.budget),
                                               "num_threads": args.threads, "seed": seed, "save_steps": 100000})
     if not (run / "summary.json").is_file():
         train_experience_model(args.train, model_path, run, cfg.protocol_config(), sft, encoder=cfg.encoder,
@@ -146,7 +154,7 @@ def run_policy(args: argparse.Namespace, init: str, seed: int, results: dict[str
     run = args.work / "policy" / f"{init}-s{seed}"
     cfg = PolicyConfig(action_format="index", offer_task_search=True)
     sft = SFTConfig(epochs=2.0, max_steps=args.policy_steps, learning_rate=args.policy_lr, batch_size=32,
-                    time_budget_s=float(args.budget), num_threads=args.threads, seed=seed, save_steps=100000)
+                    time_budget_s=float(args.time_cap or args.budget), num_threads=args.threads, seed=seed, save_steps=100000)
     summary = (json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file()
                else train_bc(args.train, model_path, run, sft, cfg))
     t0 = time.monotonic()
@@ -240,6 +248,9 @@ def main() -> None:
                         help="models to start from: a name (pretrained, 128x4) or label=path")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--budget", type=int, default=600, help="cap on fine-tuning seconds")
+    parser.add_argument("--time-cap", type=int, default=None,
+                        help="safety cap on training seconds (default: --budget); raise it on a busy machine so that "
+                        "the step budget, not the load, decides the model (the cells keep the --budget label)")
     parser.add_argument("--steps", type=int, default=150,
                         help="exp: optimizer steps (batch 16; 150 took <= 600 s on one shared core)")
     parser.add_argument("--policy-steps", type=int, default=125,
@@ -251,6 +262,8 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=200, help="policy: test episodes")
     parser.add_argument("--policy-lr", type=float, default=2e-3, help="policy: BC learning rate (the base's pre-training one; not tuned)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="exp: override a field of --config (dotted: protocol.copy_refs=true); repeat")
     parser.add_argument("--work", type=Path, default=Path("runs/pretrained_base"))
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--summarise", action="store_true")

@@ -188,7 +188,8 @@ class ExperienceModel:
             completions = self.llm.generate([prompts[i] for i in pending], params)
             still = []
             for i, c in zip(pending, completions, strict=True):
-                parsed = parse_output(c.text, self.protocol, length_limited=c.finish_reason == "length")
+                parsed = parse_output(c.text, self.protocol, length_limited=c.finish_reason == "length",
+                                      query=queries[i])
                 if parsed.prediction is not None:
                     results[i] = parsed.prediction
                     self.stats.add(parsed)

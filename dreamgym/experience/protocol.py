@@ -60,12 +60,13 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from dreamgym.envs.base import TRUNCATION_MARK, Element
+from dreamgym.experience.copyrefs import RefContext, encode_inline, encode_refs, expand_inline, expand_refs
 from dreamgym.types import ExperiencePrediction
 
 if TYPE_CHECKING:
@@ -91,6 +92,7 @@ FAILURE_REASONS: tuple[str, ...] = (
     "bad_done",
     "bad_success",
     "success_not_done",  # success=1 on a step that does not end the episode
+    "bad_ref",  # copy_refs: a reference to a line or part the prompt does not have
 )
 
 
@@ -141,6 +143,12 @@ DEFAULT_SYSTEM_PROMPT = (
     "with 2 decimals. An action that cannot be carried out leaves the state unchanged with reward 0."
 )
 THINK_INSTRUCTION = "First write <think>brief reasoning about the action's effect</think>. "
+COPY_REFS_INSTRUCTION = (
+    "Instead of repeating text from the prompt, point at it: a line '@3-7' stands for STATE lines 3 to 7, '@3-' "
+    "for line 3 to the last, '@n1:2' "
+    "for line 2 of similar transition (1)'s next state; inline, '@T.0' is the TARGET element's text and '@T.1', "
+    "'@T.2', ... its parts between ' — ', ' | ' and ': ', '@4.1' a part of STATE line 4; write a literal @ as @@."
+)
 
 
 class ProtocolConfig(BaseModel):
@@ -158,11 +166,15 @@ class ProtocolConfig(BaseModel):
     # shop item page is up to ~540 characters; a cut next state is no longer something to copy)
     system_prompt: str | None = None  # None: DEFAULT_SYSTEM_PROMPT for this config; "" = no system text
     ground_action: bool = True  # add a TARGET line: the state element the action names (see action_target)
+    # The target points at prompt text it repeats (@3-7, @T.1, ...) and the parser writes it in
+    # (dreamgym.experience.copyrefs): a model that cannot yet copy only has to choose what to copy.
+    copy_refs: bool = False
 
     def system_text(self) -> str:
         if self.system_prompt is not None:
             return self.system_prompt
-        return DEFAULT_SYSTEM_PROMPT.format(think=THINK_INSTRUCTION if self.reasoning else "")
+        text = DEFAULT_SYSTEM_PROMPT.format(think=THINK_INSTRUCTION if self.reasoning else "")
+        return f"{text} {COPY_REFS_INSTRUCTION}" if self.copy_refs else text
 
 
 # ------------------------------------------------------------------------------------------ prompt
@@ -378,13 +390,30 @@ def terminated(t: Transition) -> bool:
     return t.done and not t.info.get("truncated", False)
 
 
-def step_target(traj: Trajectory, t: int, reasoning: str | None, cfg: ProtocolConfig) -> str:
+def ref_context(query: ExperienceQuery, cfg: ProtocolConfig) -> RefContext:
+    """What a copy reference of ``query``'s target may point at: the STATE, TARGET and neighbour next states as
+    the prompt shows them (cut as :func:`build_user_text` cuts them)."""
+    target = action_target(query.state, query.action) if cfg.ground_action else None
+    neighbours = tuple(truncate_lines(n.next_state, cfg.max_neighbour_chars) for n in query.retrieved[: cfg.k])
+    return RefContext.of(truncate_lines(query.state, cfg.max_state_chars), target, neighbours)
+
+
+def step_target(traj: Trajectory, t: int, reasoning: str | None, cfg: ProtocolConfig,
+                query: ExperienceQuery | None = None) -> str:
     """The target for step ``t`` of a recorded trajectory: done is :func:`terminated`; success is the
-    episode's, on its final step only."""
+    episode's, on its final step only. With ``cfg.copy_refs`` the next state and reasoning point at the text of
+    ``query`` (the prompt the target answers; required then)."""
     x = traj.transitions[t]
     done = terminated(x)
     success = traj.success and done and t == len(traj.transitions) - 1
-    return format_target(x.next_state, x.reward, done, success, reasoning, cfg)
+    next_state = x.next_state
+    if cfg.copy_refs:
+        if query is None:
+            raise ValueError("copy_refs targets point into the prompt: pass the step's query")
+        ctx = ref_context(query, cfg)
+        next_state = encode_refs(next_state.strip(), ctx)
+        reasoning = None if reasoning is None else encode_inline(reasoning.strip(), ctx)
+    return format_target(next_state, x.reward, done, success, reasoning, cfg)
 
 
 def target_spans(
@@ -509,14 +538,28 @@ def _parse(text: str, cfg: ProtocolConfig, length_limited: bool) -> ExperiencePr
     return ExperiencePrediction(reasoning, state, reward, done, success)
 
 
-def parse_output(text: str, cfg: ProtocolConfig, length_limited: bool = False) -> ParseResult:
+def _expand(pred: ExperiencePrediction, query: ExperienceQuery | None, cfg: ProtocolConfig) -> ExperiencePrediction:
+    if query is None:
+        raise _Fail("bad_ref")  # nothing to point into (a caller bug; counted, never raised)
+    ctx = ref_context(query, cfg)
+    state = expand_refs(pred.next_state, ctx)
+    reasoning = None if pred.reasoning is None else expand_inline(pred.reasoning, ctx)
+    if state is None or not state.strip() or (pred.reasoning is not None and reasoning is None):
+        raise _Fail("bad_ref")
+    return replace(pred, next_state=state, reasoning=reasoning)
+
+
+def parse_output(text: str, cfg: ProtocolConfig, length_limited: bool = False,
+                 query: ExperienceQuery | None = None) -> ParseResult:
     """Parse M_exp's output (grammar in the module docstring). Never raises.
 
     Pass ``length_limited=True`` when the backend stopped at its token limit, so that an incomplete output is
-    counted as ``"truncated"`` rather than as a missing block.
+    counted as ``"truncated"`` rather than as a missing block. With ``cfg.copy_refs`` the references are written
+    out against ``query`` (the prompt's query); one that points at nothing fails as ``"bad_ref"``.
     """
     try:
-        return ParseResult(_parse(str(text), cfg, length_limited))
+        pred = _parse(str(text), cfg, length_limited)
+        return ParseResult(_expand(pred, query, cfg) if cfg.copy_refs else pred)
     except _Fail as f:
         return ParseResult(None, f.reason)
     except Exception as e:  # defensive: the contract is "never raises"; a bug here must not stop a rollout
@@ -578,10 +621,11 @@ class ParseStats:
 
 
 def parse_or_fallback(
-    text: str, state: str, cfg: ProtocolConfig, stats: ParseStats | None = None, length_limited: bool = False
+    text: str, state: str, cfg: ProtocolConfig, stats: ParseStats | None = None, length_limited: bool = False,
+    query: ExperienceQuery | None = None,
 ) -> ExperiencePrediction:
     """Parse an output; on failure return :func:`failure_prediction` for ``state``. Counts into ``stats``."""
-    result = parse_output(text, cfg, length_limited)
+    result = parse_output(text, cfg, length_limited, query)
     if stats is not None:
         stats.add(result)
     if result.prediction is not None:

@@ -129,7 +129,7 @@ def exp_pairs(
         reasoning = traj.transitions[t].info.get(REASONING_KEY) if protocol_cfg.reasoning else None
         prompt = build_messages(query, protocol_cfg) if chat else build_prompt_text(query, protocol_cfg)
         try:
-            target = step_target(traj, t, reasoning, protocol_cfg)
+            target = step_target(traj, t, reasoning, protocol_cfg, query)
         except ValueError as e:
             raise DataError(f"trajectory {traj.traj_id} step {t}: {e}") from None
         pairs.append((query, SFTExample(prompt, target)))
