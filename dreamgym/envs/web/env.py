@@ -26,6 +26,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import re
 import shutil
@@ -129,18 +130,19 @@ class BrowserEnv(TextEnv):
         self.stats = {"episodes": 0, "failed_episodes": 0, "browser_errors": 0, "retries": 0, "invalid_actions": 0,
                       "relaunches": 0}
         self._server: Any = None
-        if start_url is None:
+        self.shop: ShopSiteConfig | None = None
+        if start_url is None and tasks is None:
             from dreamgym.envs.server import BackgroundServer
             from dreamgym.envs.web.site import create_site
 
-            self.shop: ShopSiteConfig | None = ShopSiteConfig.from_kwargs(site_kwargs)
+            self.shop = ShopSiteConfig.from_kwargs(site_kwargs)
             self._server = BackgroundServer(create_site(self.shop))
             self.start_url = self._server.start()
         else:
             if site_kwargs:
                 raise ValueError(f"browser env: {', '.join(sorted(site_kwargs))}: shop arguments go to the site "
                                  "(dreamgym env serve-web shop --env-arg ...), not to an env given a start_url")
-            self.start_url = start_url.rstrip("/")
+            self.start_url = (start_url or "").rstrip("/")
             self.shop = probe_shop_site(self.start_url, timeout_s) if tasks is None else None
         self._web_tasks: dict[str, list[Task]] = {}
         if tasks is not None:
@@ -155,7 +157,7 @@ class BrowserEnv(TextEnv):
         self._context: Any = None
         self._page: Any = None
         self._cdp: Any = None
-        self._pids: set[int] = set()
+        self._procs: list[Any] = []  # psutil.Process of this env's driver and browser
         self.elements: list[AXElement] = []
         self.url = ""
         self.title = ""
@@ -205,7 +207,7 @@ class BrowserEnv(TextEnv):
                     executable_path=self.executable, headless=self.headless, timeout=self.timeout_s * 1000,
                     args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
             finally:
-                self._pids = {p.pid for p in me.children(recursive=True)} - before
+                self._procs = [p for p in me.children(recursive=True) if p.pid not in before]
         self.stats["relaunches"] += 1
 
     def _shutdown_browser(self) -> None:
@@ -247,29 +249,34 @@ class BrowserEnv(TextEnv):
     def _start_url(self, task: Task) -> str:
         if self.shop is not None:
             return f"{self.start_url}/start?task={task.task_id}&seed={int(self.np_random.integers(1 << 30))}"
-        return str(task.goal.get("start_url") or self.start_url)
+        url = str(task.goal.get("start_url") or self.start_url)
+        if not url:
+            raise ValueError(f"browser env: task {task.task_id} has no start_url and the env has none")
+        return url
 
     def _restart(self) -> None:
         try:
             self._call(self._shutdown_browser)
         except Exception:
             self._kill()
-        self._kill_stray()
+        self._kill_stray(grace_s=2.0)
 
-    def _kill_stray(self) -> None:
-        """Kill what is left of this env's browser processes (only processes still descended from this one)."""
-        import os
-
+    def _kill_stray(self, grace_s: float = 0.0) -> None:
+        """Wait up to ``grace_s`` for this env's browser processes to exit, then kill the rest (a process is
+        known by its pid and start time, so a recycled pid is never touched)."""
         import psutil
 
-        for pid in list(self._pids):
-            try:
-                proc = psutil.Process(pid)
-                if any(parent.pid == os.getpid() for parent in proc.parents()):
-                    proc.kill()
-            except psutil.Error:
-                pass
-        self._pids.clear()
+        alive = [p for p in self._procs if p.is_running()]
+        self._procs = []
+        if not alive:
+            return
+        _, alive = psutil.wait_procs(alive, timeout=grace_s)
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        _, alive = psutil.wait_procs(alive, timeout=3)
+        if alive:
+            log.warning("browser env: %d browser processes survived kill", len(alive))
 
     def _open(self, url: str) -> None:
         if not self._alive():
@@ -278,8 +285,9 @@ class BrowserEnv(TextEnv):
         if self._context is not None:
             self._context.close()
         kwargs: dict[str, Any] = {"viewport": {"width": self.viewport[0], "height": self.viewport[1]}}
-        if self.storage_state:
-            kwargs["storage_state"] = self.storage_state
+        storage = (self.task.goal.get("storage_state") if self.task is not None else None) or self.storage_state
+        if storage:  # login cookies (a Playwright storage_state file), the task's own or the env's
+            kwargs["storage_state"] = storage
         self._context = self._browser.new_context(**kwargs)
         self._context.set_default_timeout(self.action_timeout_s * 1000)
         self._context.set_default_navigation_timeout(self.timeout_s * 1000)
@@ -463,7 +471,7 @@ class BrowserEnv(TextEnv):
             self._call(self._shutdown_browser)
         except Exception as e:
             log.warning("browser env: closing the browser failed (%s); killing it", _one_line(e))
-        self._kill_stray()
+        self._kill_stray(grace_s=5.0)
         self.closed = True
         self._worker.shutdown(wait=True)
         self._http.close()

@@ -1,0 +1,313 @@
+"""The WebArena path: the shop site, make("browser") over real Chromium, the browser oracle, WebArena's evaluators.
+
+Skips (like tests/test_report.py) when Playwright or a system Chromium is missing. One site and one env are
+shared by most tests (a Chromium launch costs ~2 s on 2 cores).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dreamgym.envs.shop.reward import ShopGoal, purchase_reward
+from dreamgym.envs.web.site import ShopSiteConfig, create_site
+from dreamgym.envs.web.webarena import (
+    UnsupportedTask,
+    exact_match,
+    load_tasks,
+    must_include,
+    string_match,
+    url_match,
+)
+
+SITE = ShopSiteConfig(num_products=100, num_tasks_per_split=20)
+
+
+def chromium_path() -> str | None:
+    for name in ("chromium", "chromium-browser"):
+        if found := shutil.which(name):
+            return found
+    return None
+
+
+def needs_browser() -> None:
+    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the dev extra)")
+    pytest.importorskip("psutil", reason="psutil is not installed (the dev extra)")
+    if chromium_path() is None:
+        pytest.skip("no system chromium on PATH (make install gets Debian's as root; apt-get install chromium)")
+
+
+def browser_children() -> list[str]:
+    import psutil
+
+    out = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if "chrom" in proc.name().lower() or "playwright" in " ".join(proc.cmdline()).lower():
+                out.append(f"{proc.pid} {proc.name()}")
+        except psutil.Error:
+            pass
+    return out
+
+
+@pytest.fixture(scope="module")
+def site_url() -> Iterator[str]:
+    from dreamgym.envs.server import BackgroundServer
+
+    with BackgroundServer(create_site(SITE)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def env(site_url: str) -> Iterator[object]:
+    needs_browser()
+    import dreamgym
+
+    browser_env = dreamgym.make("browser", start_url=site_url, timeout_s=5.0)
+    yield browser_env
+    browser_env.close()
+
+
+# ------------------------------------------------------------------------------------------- the site
+
+def test_site_serves_pages_and_scores_a_purchase(site_url: str) -> None:
+    task = SITE.tasks("test")[0]
+    goal = ShopGoal.from_dict(task.goal)
+    with httpx.Client(base_url=site_url, timeout=10) as client:
+        start = client.get(f"/start?task={task.task_id}", follow_redirects=True)
+        assert start.status_code == 200 and "<input type='search'" in start.text and task.instruction in start.text
+        sid = str(start.url).split("/")[-2]
+        results = client.get(f"/s/{sid}/results", params={"q": task.instruction})
+        assert "Page 1 (results" in results.text and "Next &gt;" in results.text
+        item = client.get(f"/s/{sid}/item/{goal.asin}", params={"q": "x", "p": 1})
+        assert "role='radio'" in item.text or not goal.options
+        assert "Buy Now" in item.text and "Description" in item.text
+        assert client.get("/api/result", params={"session": sid}).json()["done"] is False
+        options = [f"{n}:{v}" for n, v in goal.options.items()]
+        bought = client.post(f"/s/{sid}/buy", data={"asin": goal.asin, "o": options}, follow_redirects=True)
+        assert "Thank you for shopping" in bought.text
+        result = client.get("/api/result", params={"session": sid}).json()
+        assert result == {**result, "done": True, "reward": 1.0, "success": True}
+        # the same session cannot buy twice; another purchase scores as the text shop scores it
+        client.post(f"/s/{sid}/buy", data={"asin": "B0NOTREAL"})
+        assert client.get("/api/result", params={"session": sid}).json()["reward"] == 1.0
+        sid2 = str(client.get(f"/start?task={task.task_id}", follow_redirects=True).url).split("/")[-2]
+        other = next(p for p in create_site(SITE).state.site.catalog.products if p.category != goal.category)
+        client.post(f"/s/{sid2}/buy", data={"asin": other.asin})
+        assert client.get("/api/result", params={"session": sid2}).json()["reward"] == pytest.approx(
+            purchase_reward(goal, other, {}).total)
+        assert client.get("/start?task=nope").status_code == 404
+        assert client.get("/s/nosuchsession/search").status_code == 404
+        assert client.get("/api/result", params={"session": "x"}).status_code == 404
+
+
+# -------------------------------------------------------------------------------------- the browser env
+
+def test_observation_has_bids_roles_and_actions(env) -> None:
+    from dreamgym.envs.base import parse_elements
+
+    obs, info = env.reset(seed=0, options={"split": "test"})
+    elements = parse_elements(obs)
+    roles = {e.type for e in elements}
+    assert {"searchbox", "button", "text"} <= roles and all(e.id.isdigit() for e in elements)
+    box = next(e for e in elements if e.type == "searchbox")
+    assert f"type[{box.id}][{info['task'].instruction}]" in info["admissible_actions"]
+    obs, reward, terminated, truncated, info = env.step(f"type[{box.id}][face moisturizer]")
+    assert not info["invalid_action"] and "/results?" in info["url"]
+    links = [e for e in parse_elements(obs) if e.type == "link"]
+    assert any(e.text.startswith("B0") for e in links) and f"click[{links[-1].id}]" in info["admissible_actions"]
+    assert "go_back" in info["admissible_actions"]
+    product = next(e for e in links if e.text.startswith("B0"))
+    obs, *_ = env.step(f"click[{product.id}]")
+    radios = [e for e in parse_elements(obs) if e.type == "radio"]
+    assert radios and not any("(checked)" in e.text for e in radios)
+    obs, *_ = env.step(f"click[{radios[0].id}]")
+    assert "(checked)" in next(e for e in parse_elements(obs) if e.type == "radio").text
+    png = env.screenshot()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_missing_bid_and_malformed_actions_are_counted_invalid(env) -> None:
+    obs, _ = env.reset(seed=1, options={"split": "test"})
+    before = env.stats["invalid_actions"]
+    for action in ("click[99999]", "type[99999][x]", "select[1]", "dance", "click[]"):
+        obs2, reward, terminated, truncated, info = env.step(action)
+        assert info["invalid_action"] and obs2 == obs and reward == 0.0 and not terminated, action
+        assert info["last_action_error"]
+    assert env.stats["invalid_actions"] == before + 5
+    # a real element that refuses the action (a button cannot be typed into) is invalid too, not an exception
+    button = next(e for e in env.elements if e.role == "button")
+    assert env.step(f"type[{button.bid}][x]")[4]["invalid_action"]
+
+
+def test_oracle_solves_test_tasks_and_random_does_not(env) -> None:
+    from dreamgym.collect import evaluate_scripted
+
+    oracle = evaluate_scripted(env, env.scripted_policy("oracle"), episodes=4, split="test", seed=3)
+    assert oracle.success_rate == 1.0 and oracle.invalid_action_rate == 0.0
+    rand = evaluate_scripted(env, env.scripted_policy("random", seed=0), episodes=2, split="test", seed=3)
+    assert rand.success_rate == 0.0
+
+
+def test_a_browser_crash_fails_the_episode_and_the_next_one_relaunches(env) -> None:
+    import psutil
+
+    env.reset(seed=2, options={"split": "test"})
+    failed = env.stats["failed_episodes"]
+    for proc in env._procs:  # the env's own chromium and driver processes
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    box = next(e for e in env.elements if e.editable)
+    obs, reward, terminated, truncated, info = env.step(f"type[{box.bid}][coffee]")
+    assert terminated and reward == 0.0 and "browser_error" in info
+    assert env.stats["failed_episodes"] == failed + 1
+    obs, info = env.reset(seed=2, options={"split": "test"})
+    assert "searchbox" in obs and "browser_error" not in info
+
+
+def test_unreachable_site_is_a_one_line_error_or_a_counted_failure(tmp_path: Path) -> None:
+    needs_browser()
+    import socket
+
+    import dreamgym
+    from dreamgym.envs.server import BackgroundServer
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(ValueError, match="unreachable") as caught:
+        dreamgym.make("browser", start_url=f"http://127.0.0.1:{port}", timeout_s=2)
+    assert "\n" not in str(caught.value)
+    cli = subprocess.run([sys.executable, "-m", "dreamgym", "eval", "--env", "browser", "--env-arg",
+                          f"start_url=http://127.0.0.1:{port}", "--episodes", "1", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 2 and "Traceback" not in cli.stderr and len(cli.stderr.strip().splitlines()) == 1
+    # the site goes away after the env was made: the episode is a counted, logged failure, without hanging
+    server = BackgroundServer(create_site(SITE))
+    env = dreamgym.make("browser", start_url=server.start(), timeout_s=3, retries=1)
+    try:
+        server.stop()
+        obs, info = env.reset(seed=0, options={"split": "test"})
+        assert "browser error" in obs and "browser_error" in info
+        assert env.step("click[1]")[2] is True and env.stats["failed_episodes"] == 1
+    finally:
+        env.close()
+
+
+def test_close_leaves_no_chromium_process(site_url: str) -> None:
+    needs_browser()
+    import psutil
+
+    import dreamgym
+
+    others = set(browser_children())  # the shared env's browser, if it runs
+    env = dreamgym.make("browser", start_url=site_url)
+    env.reset(seed=0, options={"split": "test"})
+    ours = list(env._procs)
+    assert any("chrom" in p.name().lower() for p in ours), "the env should run a browser"
+    env.close()
+    env.close()  # idempotent
+    assert not [p for p in ours if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert set(browser_children()) <= others
+
+
+# ------------------------------------------------------------------------------------------- WebArena
+
+def test_webarena_string_and_url_evaluators() -> None:
+    assert exact_match("Quest Lumaflex Band", ' "quest lumaflex band" ') == 1.0
+    assert exact_match("a", "b") == 0.0
+    assert must_include("0", "0") == 1.0 and must_include("0", "10", tokenize=True) == 0.0
+    assert string_match({"must_include": ["red", "blue"]}, "Red and BLUE") == 1.0
+    assert string_match({"must_include": ["red", "green"]}, "red and blue") == 0.0
+    with pytest.raises(UnsupportedTask, match="LLM"):
+        string_match({"fuzzy_match": ["x"]}, "x")
+    assert url_match("http://h:1/s?q=red", "http://h:1/s/abc/results?q=red&p=1") == 1.0
+    assert url_match("http://h:1/s?q=red |OR| http://h:1/x", "http://h:1/s/abc/results?q=blue") == 0.0
+    assert url_match("http://h:1/item", "http://h:1/s/abc/results") == 0.0
+
+
+def _webarena_tasks(folder: Path, goal: ShopGoal, task_id: str) -> Path:
+    """Hand-made tasks in WebArena's format about our shop (one per evaluator, one unsupported)."""
+    start = f"__SHOPPING__/start?task={task_id}"
+    tasks = [
+        {"task_id": 1, "sites": ["shopping"], "start_url": start, "intent": "What is the cheapest product's id?",
+         "storage_state": None, "eval": {"eval_types": ["string_match"],
+                                         "reference_answers": {"exact_match": goal.asin}}},
+        {"task_id": 2, "sites": ["shopping"], "start_url": start, "intent": f"Search for {goal.category}",
+         "eval": {"eval_types": ["url_match"], "reference_url": f"__SHOPPING__/s?q={goal.category}",
+                  "url_note": "GOLD in PRED"}},
+        {"task_id": 3, "sites": ["shopping"], "start_url": start, "intent": f"Buy {goal.asin}",
+         "eval": {"eval_types": ["program_html"], "program_html": [
+             {"url": "last", "locator": "", "required_contents": {"must_include": ["Thank you for shopping"]}},
+             {"url": "last", "locator": "document.querySelector('main').innerText",
+              "required_contents": {"must_include": [f"{goal.asin} |OR| nothing"]}}]}},
+        {"task_id": 4, "sites": ["shopping"], "start_url": start, "intent": "judge me",
+         "eval": {"eval_types": ["string_match"], "reference_answers": {"fuzzy_match": ["x"]}}},
+    ]
+    folder.mkdir()
+    for task in tasks:
+        (folder / f"{task['task_id']}.json").write_text(json.dumps(task))
+    return folder
+
+
+def test_webarena_tasks_on_our_shop(tmp_path: Path, site_url: str) -> None:
+    needs_browser()
+    import dreamgym
+
+    task = SITE.tasks("test")[0]
+    goal = ShopGoal.from_dict(task.goal)
+    folder = _webarena_tasks(tmp_path / "config_files", goal, task.task_id)
+    with pytest.raises(ValueError, match="url_map"):
+        load_tasks(folder)
+    assert [t.task_id for t in load_tasks(folder, {"shopping": site_url})["test"]] == \
+        ["webarena-1", "webarena-2", "webarena-3"]  # the fuzzy_match task is skipped
+    env = dreamgym.make("browser", tasks=str(folder), url_map={"SHOPPING": site_url}, timeout_s=5)
+    try:
+        def element(role: str, prefix: str = "") -> str:
+            return next(e.bid for e in env.elements if e.role == role and e.name.startswith(prefix))
+
+        env.reset(options={"task": "webarena-1", "split": "test"})
+        assert env.step(f"stop[{goal.asin}]")[1:3] == (1.0, True)
+        env.reset(options={"task": "webarena-1", "split": "test"})
+        assert env.step("stop[B0WRONG]")[1] == 0.0
+        env.reset(options={"task": "webarena-2", "split": "test"})
+        env.step(f"type[{element('searchbox')}][{goal.category}]")
+        assert env.step("stop[]")[1] == 1.0
+        env.reset(options={"task": "webarena-3", "split": "test"})
+        assert env.step("stop[]")[1] == 0.0  # nothing bought
+        env.reset(options={"task": "webarena-3", "split": "test"})
+        env.step(f"type[{element('searchbox')}][{task.instruction}]")
+        env.step(f"click[{element('link', goal.asin)}]")
+        obs, reward, terminated, truncated, info = env.step(f"click[{element('button', 'Buy')}]")
+        assert not terminated and reward == 0.0  # WebArena scores when the agent stops
+        assert env.step("stop[done]")[1] == 1.0
+    finally:
+        env.close()
+
+
+# ------------------------------------------------------------------------------------ the pipeline
+
+def test_collect_and_annotate_through_the_browser(tmp_path: Path, site_url: str) -> None:
+    needs_browser()
+    from dreamgym.types import read_trajectories
+
+    data, annotated = tmp_path / "offline.jsonl", tmp_path / "annotated.jsonl"
+    run = subprocess.run([sys.executable, "-m", "dreamgym", "collect", "--env", "browser", "--env-arg",
+                          f"start_url={site_url}", "--policy", "noisy", "--episodes", "3", "--split", "train",
+                          "--out", str(data)], capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr
+    trajs = list(read_trajectories(data))
+    assert len(trajs) == 3 and all(t.meta["env"] == "browser" for t in trajs)
+    assert "searchbox" in trajs[0].transitions[0].state and trajs[0].transitions[0].action.startswith("type[")
+    run = subprocess.run([sys.executable, "-m", "dreamgym", "annotate", "--data", str(data), "--annotator", "diff",
+                          "--out", str(annotated)], capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr
+    assert all(x.info["reasoning"] for t in read_trajectories(annotated) for x in t.transitions)
