@@ -37,7 +37,7 @@ from typing import Any
 
 import httpx
 
-from dreamgym.envs.base import Element, TextEnv, format_elements
+from dreamgym.envs.base import Element, TextEnv, format_elements, parse_elements
 from dreamgym.envs.web.axtree import MARK_BIDS_JS, AXElement, admissible, bid_map, extract, render
 from dreamgym.envs.web.site import SITE_NAME, ShopSiteConfig
 from dreamgym.types import Task
@@ -453,6 +453,33 @@ class BrowserEnv(TextEnv):
         info["admissible_actions"] = []
         return obs, 0.0, True, info
 
+    # -- the action grammar of abstract states (the dream env asks the real env) --------------------
+    def admissible_for_state(self, state: str) -> list[str]:
+        """The actions of an abstract browser state read from its lines alone: ``click`` per clickable role,
+        ``select`` per listed option, ``type[bid][text]`` per text field with the page's ``Instruction: ...``
+        text (the shop site shows it; the real env offers the task's instruction, the same text)."""
+        lines = parse_elements(state)
+        texts = [e.text.removeprefix("Instruction: ") for e in lines
+                 if e.type == "text" and e.text.startswith("Instruction: ")]
+        return admissible([_element_of(e) for e in lines], texts, can_go_back=False)
+
+    def action_valid_for_state(self, state: str, action: str) -> bool:
+        parsed = parse_browser_action(action)
+        if parsed is None:
+            return False
+        verb, args = parsed
+        if verb in ("go_back", "stop", "goto"):
+            return True
+        elements = {e.id: _element_of(e) for e in parse_elements(state)}
+        element = elements.get(args[0])
+        if element is None:
+            return False
+        if verb == "click":
+            return element.clickable
+        if verb == "type":
+            return element.editable
+        return args[1] in element.options
+
     # -- extras -------------------------------------------------------------------------------------
     def screenshot(self, path: str | Path | None = None, full_page: bool = False) -> bytes:
         """A PNG of the current page (also written to ``path`` when given)."""
@@ -486,6 +513,12 @@ class BrowserEnv(TextEnv):
                 self.close()
         except Exception:
             pass
+
+
+def _element_of(line: Element) -> AXElement:
+    """The :class:`AXElement` an observation line describes (its role, options and, roughly, its name)."""
+    text, _, options = line.text.partition(" options: ")
+    return AXElement(line.id, line.type, text, options=tuple(options.split(" | ")) if options else ())
 
 
 def _one_line(e: BaseException) -> str:
