@@ -5,8 +5,10 @@
 * **Actions**: ``click[bid]``, ``type[bid][text]`` (fills the field and presses Enter, as WebArena's ``type``
   does by default; ``type[bid][text][0]`` does not press Enter), ``select[bid][option]``, ``go_back`` and
   ``stop[answer]`` (ends the episode with an answer). ``info["admissible_actions"]`` lists the clicks,
-  selects, ``go_back`` and, per text field, ``type[bid][<the task's instruction>]`` (search is free-form, as in
-  the text shop; any other text is valid too). A malformed action, a bid not on the page or an action the page
+  selects, ``go_back`` and, per text field, ``type[bid][text]`` for the text shop's example queries on our shop
+  site (``search_examples`` of them, "<attribute> <category>" from the episode's RNG, as the text shop lists
+  ``search[...]``) and, with ``offer_instruction=True``, the task's instruction (the policy option
+  ``offer_task_search`` of the text shop). Text is free-form: any other text is valid too. A malformed action, a bid not on the page or an action the page
   refuses (not editable, not clickable in time) is an invalid action: the state stays, reward 0,
   ``info["invalid_action"]``, and ``info["last_action_error"]`` says why.
 * **Sites**: with ``start_url`` of our shop site (``dreamgym env serve-web shop``; recognised by its
@@ -111,6 +113,8 @@ class BrowserEnv(TextEnv):
         storage_state: str | None = None,
         url_map: dict[str, str] | None = None,
         viewport: tuple[int, int] = (1280, 720),
+        search_examples: int = 3,
+        offer_instruction: bool = False,
         **site_kwargs: Any,
     ) -> None:
         super().__init__(max_steps=max_steps)
@@ -127,6 +131,8 @@ class BrowserEnv(TextEnv):
         if storage_state is not None and not Path(storage_state).is_file():
             raise ValueError(f"browser env: storage_state {storage_state}: no such file")
         self.checker = checker
+        self.search_examples, self.offer_instruction = search_examples, offer_instruction
+        self._examples: list[str] = []
         self.stats = {"episodes": 0, "failed_episodes": 0, "browser_errors": 0, "retries": 0, "invalid_actions": 0,
                       "relaunches": 0}
         self._server: Any = None
@@ -231,6 +237,7 @@ class BrowserEnv(TextEnv):
             task = Task(task_id="browse", instruction="", env=self.name, goal={"start_url": self.start_url})
         self.task, self._failed, self.session = task, None, None
         self.stats["episodes"] += 1
+        self._examples = self._draw_examples()
         url = self._start_url(task)
         error = ""
         for attempt in range(self.retries + 1):
@@ -245,6 +252,21 @@ class BrowserEnv(TextEnv):
                     log.warning("browser env: reset of %s failed (%s); retrying", task.task_id, error)
                     self._restart()
         return self._fail(f"could not open {url} after {self.retries + 1} tries: {error}")
+
+    def _draw_examples(self) -> list[str]:
+        """The text shop's example queries ("<attribute> <category>", from the episode's RNG) on our shop site."""
+        if self.shop is None:
+            return []
+        from dreamgym.envs.shop.vocab import CATEGORIES
+
+        examples = []
+        for _ in range(self.search_examples):
+            spec = CATEGORIES[int(self.np_random.integers(len(CATEGORIES)))]
+            examples.append(f"{spec.attributes[int(self.np_random.integers(len(spec.attributes)))]} {spec.name}")
+        return list(dict.fromkeys(examples))
+
+    def _type_texts(self, instruction: str) -> list[str]:
+        return self._examples + ([instruction] if self.offer_instruction and instruction else [])
 
     def _start_url(self, task: Task) -> str:
         if self.shop is not None:
@@ -314,7 +336,7 @@ class BrowserEnv(TextEnv):
 
     def _observe_info(self) -> tuple[str, dict[str, Any]]:
         obs = render(self.elements, self.title)
-        texts = [self.task.instruction] if self.task is not None and self.task.instruction else ["search"]
+        texts = self._type_texts(self.task.instruction if self.task is not None else "")
         actions = admissible(self.elements, texts, self._history > self._history_base)
         return obs, {"admissible_actions": actions, "url": self.url, "invalid_action": False}
 
@@ -456,11 +478,12 @@ class BrowserEnv(TextEnv):
     # -- the action grammar of abstract states (the dream env asks the real env) --------------------
     def admissible_for_state(self, state: str) -> list[str]:
         """The actions of an abstract browser state read from its lines alone: ``click`` per clickable role,
-        ``select`` per listed option, ``type[bid][text]`` per text field with the page's ``Instruction: ...``
-        text (the shop site shows it; the real env offers the task's instruction, the same text)."""
+        ``select`` per listed option, ``type[bid][text]`` per text field with example queries (the shop's) and,
+        with ``offer_instruction``, the page's ``Instruction: ...`` text (the shop site shows the task's)."""
         lines = parse_elements(state)
-        texts = [e.text.removeprefix("Instruction: ") for e in lines
+        shown = [e.text.removeprefix("Instruction: ") for e in lines
                  if e.type == "text" and e.text.startswith("Instruction: ")]
+        texts = self._draw_examples() + (shown[:1] if self.offer_instruction else [])
         return admissible([_element_of(e) for e in lines], texts, can_go_back=False)
 
     def action_valid_for_state(self, state: str, action: str) -> bool:
