@@ -351,8 +351,8 @@ class BrowserEnv(TextEnv):
 
     def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         if self._failed is not None:
-            obs, info = self._last_obs, {"browser_error": self._failed, "admissible_actions": []}
-            return obs, 0.0, True, info
+            failed: dict[str, Any] = {"browser_error": self._failed, "admissible_actions": []}
+            return self._last_obs, 0.0, True, failed
         parsed = parse_browser_action(action)
         if parsed is None:
             return self._invalid(f"malformed action {action!r}")
@@ -373,8 +373,8 @@ class BrowserEnv(TextEnv):
             result = self._shop_result()
             if result.get("done"):
                 obs, info = self._observe_info()
-                info.update(success=bool(result["success"]), purchase=result.get("purchase", {}),
-                            admissible_actions=[])
+                info["success"], info["purchase"] = bool(result["success"]), result.get("purchase", {})
+                info["admissible_actions"] = []
                 return obs, float(result["reward"]), True, info
         elif self.steps >= self.max_steps:  # truncated: WebArena scores the last page with an empty answer
             return self._finish("", terminated=False)

@@ -193,7 +193,7 @@ def _href(sid: str, state: ShopState, click: Click, catalog: Catalog) -> str:
         selected[click.option[0]] = click.option[1]
         nxt = dataclasses.replace(state, selected=tuple(selected.items()))
     else:  # description / features
-        nxt = dataclasses.replace(state, page=click.kind)
+        nxt = dataclasses.replace(state, page="description" if click.kind == "description" else "features")
     return state_url(sid, nxt, catalog)
 
 

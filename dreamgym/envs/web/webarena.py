@@ -107,8 +107,8 @@ def url_match(reference_url: str, page_url: str, url_note: str = "GOLD in PRED")
         for key, values in query.items():
             ref_queries[key].update(values)
     score = float(any(path in pred_path for path in ref_paths))
-    for key, values in ref_queries.items():
-        score *= float(any(v in pred_query.get(key, []) for v in values))
+    for key, wanted in ref_queries.items():
+        score *= float(any(v in pred_query.get(key, []) for v in wanted))
     return score
 
 
