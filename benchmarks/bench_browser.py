@@ -17,6 +17,7 @@ import argparse
 import json
 import platform
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -114,6 +115,7 @@ def main() -> None:
     parser.add_argument("--sample-every", type=int, default=10, help="soak episodes between RSS samples")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed run still stops its site (finally below)
     port = free_port()
     site = start_site(port)
     url = f"http://127.0.0.1:{port}"
