@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
+import os
+import re
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
+from conftest import chromium_path
 
 from dreamgym.envs.shop.reward import ShopGoal, purchase_reward
 from dreamgym.envs.web.site import ShopSiteConfig, create_site
@@ -29,13 +33,6 @@ from dreamgym.envs.web.webarena import (
 )
 
 SITE = ShopSiteConfig(num_products=100, num_tasks_per_split=20)
-
-
-def chromium_path() -> str | None:
-    for name in ("chromium", "chromium-browser"):
-        if found := shutil.which(name):
-            return found
-    return None
 
 
 def needs_browser() -> None:
@@ -313,3 +310,93 @@ def test_collect_and_annotate_through_the_browser(tmp_path: Path, site_url: str)
                           "--out", str(annotated)], capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr
     assert all(x.info["reasoning"] for t in read_trajectories(annotated) for x in t.transitions)
+
+
+# The repo's configs/browser-shop-tiny.yaml, shrunk to ~90 s on one core: 6 noisy-oracle episodes through Chromium,
+# one RL iteration of 2 tasks x 2 rollouts per RL stage, 2-episode evaluations, one Chromium per pool. The SFT
+# warm start gets 40 steps (8 examples) so that the micro policy answers option numbers and some of its actions
+# are valid: those reach M_exp in the dream (an all-invalid policy would get the grammar's answer only).
+MICRO = {
+    "env_kwargs": {"num_products": 100, "num_tasks_per_split": 20, "max_steps": 6, "timeout_s": 10,
+                   "offer_instruction": True},
+    "offline_episodes": 6, "eval_episodes": 2, "eval_num_envs": 1, "heldout_episodes": 2, "max_steps": 6,
+    "exp_sft": {"epochs": 3, "learning_rate": 3e-3, "batch_size": 16, "max_length": 1024, "num_threads": 1},
+    "sft": {"epochs": 40, "learning_rate": 1e-2, "batch_size": 16, "num_threads": 1},
+    "rl": {"iterations": 1, "tasks_per_iter": 2, "group_size": 2, "eval_every": 0, "num_threads": 1,
+           "max_steps": 4, "minibatch_size": 32, "eval_episodes": 2},
+    "dream_iterations": 1,
+}
+
+
+AX_LINE = re.compile(r"^\[\d+\] [a-z]+: ", re.MULTILINE)  # an accessibility-tree line: [bid] role: name
+
+
+def processes_marked(mark: str) -> list[str]:
+    """Live processes whose environment carries ``mark`` (a subprocess's descendants, even orphaned ones)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["pid", "name"]):
+        try:
+            if proc.environ().get("DREAMGYM_TEST_MARK") == mark and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(f"{proc.pid} {proc.name()}")
+        except psutil.Error:
+            pass
+    return found
+
+
+@pytest.mark.slow
+def test_micro_pipeline_through_the_browser(tmp_path: Path) -> None:
+    """`dreamgym demo --config configs/browser-shop-tiny.yaml`, micro-sized: collect through Chromium, annotate,
+    M_exp on browser states, the dream on them, GRPO-real / S2R and every evaluation in the real browser."""
+    needs_browser()
+    from dreamgym.envs.web.env import parse_browser_action
+    from dreamgym.types import read_trajectories
+
+    config = yaml.safe_load(Path("configs/browser-shop-tiny.yaml").read_text())
+    assert config["env"] == "browser" and config["annotator"] == "diff"
+    (tmp_path / "browser.yaml").write_text(yaml.safe_dump({**config, **MICRO}))
+    out = tmp_path / "demo"
+    mark = f"dreamgym-browser-demo-{uuid.uuid4().hex}"  # inherited by every process the demo starts
+    r = subprocess.run([sys.executable, "-m", "dreamgym", "demo", "--config", str(tmp_path / "browser.yaml"),
+                        "--out", str(out)], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "DREAMGYM_TEST_MARK": mark})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert processes_marked(mark) == []  # no chromium (or driver) of the demo outlived it, orphaned or not
+    for name in ("collect", "annotate", "train_exp", "fidelity", "sft", "grpo_real", "dreamgym", "s2r"):
+        assert (out / "stages" / f"{name}.json").exists(), name
+    # the offline data came through the browser: accessibility-tree states and browser actions
+    trajs = list(read_trajectories(out / "offline.jsonl"))
+    assert len(trajs) == 6 and all(t.meta["env"] == "browser" for t in trajs)
+    first = trajs[0].transitions[0]
+    assert AX_LINE.search(first.state) and "] searchbox: " in first.state and first.action.startswith("type[")
+    actions = [x.action for t in trajs for x in t.transitions]
+    assert all(a.startswith(("type[", "click[", "select[", "go_back", "stop[")) for a in actions)
+    annotation = json.loads((out / "stages" / "annotate.json").read_text())
+    assert annotation["annotator"] == "diff" and annotation["written"] == 6 and annotation["fallbacks"] == 0
+    assert all(x.info["reasoning"] for t in read_trajectories(out / "offline_annotated.jsonl") for x in t.transitions)
+    # M_exp was trained on the browser states, and the dream asked it for steps
+    exp = json.loads((out / "stages" / "train_exp.json").read_text())
+    assert (out / "experience_model").is_dir() and exp["steps"] > 0 and exp["transitions"] == len(actions)
+    dream = json.loads((out / "dreamgym" / "summary.json").read_text())
+    assert dream["real_transitions"] == 0 and dream["synthetic_transitions"] > 0
+    calls = dream["experience_model"]
+    assert calls["ok"] + calls["failed"] > 0, calls  # some valid actions reached M_exp (not only the grammar)
+    dreamt = [x for line in (out / "dreamgym" / "rollouts").glob("*.jsonl") for t in read_trajectories(line)
+              for x in t.transitions]
+    assert dreamt and all(AX_LINE.search(x.state) for x in dreamt)  # dreamt from browser states
+    assert any(parse_browser_action(x.action) for x in dreamt)  # the policy played browser actions in the dream
+    # every row was evaluated in the real browser on the test split
+    table = json.loads((out / "table.json").read_text())
+    assert table["env"] == "browser"
+    rows = {row["method"]: row for row in table["rows"]}
+    assert list(rows) == ["SFT", "GRPO (real)", "DreamGym", "DreamGym-S2R"]
+    assert rows["DreamGym"]["real_transitions"] == 0
+    assert rows["GRPO (real)"]["real_transitions"] > 0 and rows["DreamGym-S2R"]["real_transitions"] > 0
+    sft = json.loads((out / "stages" / "sft.json").read_text())
+    assert sft["episodes"] == 2
+    for run in ("grpo_real", "dreamgym", "s2r"):
+        assert json.loads((out / run / "summary.json").read_text())["eval_episodes"] == 2, run
+    assert table["wm2real"]["episodes"] > 0  # the dream's rollouts replayed in the real browser
+    assert "8/8 DreamGym-S2R: continue in the real browser" in r.stderr
+    assert (out / "report.html").exists()
