@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from typing import Any
+
+
+def chromium_path() -> str | None:
+    """The system Chromium on PATH (the browser tests skip without one), or None."""
+    for name in ("chromium", "chromium-browser"):
+        if found := shutil.which(name):
+            return found
+    return None
 
 
 def gym_check(name: str, **kwargs: Any) -> None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import chromium_path
 
 from dreamgym.report import write_report
 
@@ -95,13 +95,6 @@ def test_cli_report(tmp_path: Path) -> None:
                        text=True, timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
-
-
-def chromium_path() -> str | None:
-    for name in ("chromium", "chromium-browser"):
-        if found := shutil.which(name):
-            return found
-    return None
 
 
 def test_report_loads_in_headless_chromium(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""CLI: ``dreamgym env play`` (a person plays an episode) and ``dreamgym env serve`` (AgentGym protocol)."""
+"""CLI: ``dreamgym env play`` (a person plays an episode), ``dreamgym env serve`` (AgentGym protocol) and
+``dreamgym env serve-web`` (the shop as a website, for the browser env)."""
 
 from __future__ import annotations
 
@@ -102,6 +103,28 @@ def serve(
                      api_key=api_key)
     url = f"http://{host}:{port}"
     console.print(f"serving {name!r} on {url} (AgentGym protocol; WebShop dialect: {url}/webshop)", soft_wrap=True)
+    run_server(app, host=host, port=port, log_level=log_level)
+
+
+@env_app.command("serve-web")
+def serve_web(
+    name: str = typer.Argument("shop", help="the site to serve: shop"),
+    port: int = typer.Option(8000, min=0, max=65535, help="TCP port"),
+    host: str = typer.Option("127.0.0.1", help="interface to bind (0.0.0.0 exposes it to the network)"),
+    env_arg: list[str] = typer.Option(None, "--env-arg", help="shop argument key=value (num_products=100, ...)"),
+    max_sessions: int = typer.Option(10_000, min=1, help="most sessions kept (the oldest go first)"),
+    log_level: str = typer.Option("warning", help="uvicorn log level"),
+) -> None:
+    """Serve the text shop as a real website (HTML pages, forms and links) for make("browser", start_url=URL)."""
+    from dreamgym.envs.server import serve as run_server
+    from dreamgym.envs.web.site import ShopSiteConfig, create_site
+
+    if name != "shop":
+        raise ValueError(f"serve-web: unknown site {name!r}; the built-in site is: shop")
+    app = create_site(ShopSiteConfig.from_kwargs(parse_env_args(env_arg)), max_sessions=max_sessions)
+    url = f"http://{host}:{port}"
+    console.print(f"serving the shop site on {url} (episodes start at {url}/start?task=TASK_ID; "
+                  f"results at {url}/api/result?session=ID)", soft_wrap=True)
     run_server(app, host=host, port=port, log_level=log_level)
 
 
