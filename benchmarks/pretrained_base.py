@@ -3,7 +3,12 @@ after the same fine-tuning budget, over seeds.
 
     .venv/bin/python benchmarks/pretrained_base.py --part exp --train data/base/train_ann.jsonl \
         --heldout data/base/heldout_ann.jsonl --extra-heldout data/base/heldout_n08_ann.jsonl \
-        --inits pretrained 128x4 --seeds 0 1 2 --budget 600 --steps 150 --points 150 300 600
+        --inits pretrained 128x4 --seeds 0 1 2 --budget 600 --steps 150 --points 150 300 600 \
+        --set protocol.copy_refs=false    # the plain protocol (pretrained_base_exp.json)
+    .venv/bin/python benchmarks/pretrained_base.py --part exp --train data/base/train_ann.jsonl \
+        --heldout data/base/heldout_ann.jsonl --extra-heldout data/base/heldout_n08_ann.jsonl \
+        --inits pretrained 128x4 --seeds 0 1 2 --budget 600 --time-cap 1800 --steps 150 --points 1800 \
+        --work runs/refs2 --out benchmarks/results/pretrained_base_exp_refs.json    # copy references (the config's)
     .venv/bin/python benchmarks/pretrained_base.py --part policy --train data/base/train.jsonl \
         --inits pretrained 128x4 --seeds 0 1 2 --budget 600 --policy-steps 125
 
