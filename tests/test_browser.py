@@ -400,3 +400,27 @@ def test_micro_pipeline_through_the_browser(tmp_path: Path) -> None:
     assert table["wm2real"]["episodes"] > 0  # the dream's rollouts replayed in the real browser
     assert "8/8 DreamGym-S2R: continue in the real browser" in r.stderr
     assert (out / "report.html").exists()
+
+
+def test_a_page_without_an_accessibility_tree_is_a_state_and_clicks_on_it_are_invalid() -> None:
+    needs_browser()
+    from fastapi import FastAPI
+    from fastapi.responses import HTMLResponse
+
+    import dreamgym
+    from dreamgym.envs.server import BackgroundServer
+    from dreamgym.envs.web.axtree import EMPTY_PAGE
+
+    app = FastAPI()
+    app.get("/", response_class=HTMLResponse)(lambda: "<html><head></head><body></body></html>")
+    server = BackgroundServer(app)
+    env = dreamgym.make("browser", start_url=server.start(), timeout_s=5)
+    try:
+        obs, info = env.reset(seed=0)
+        assert obs.strip().endswith(EMPTY_PAGE) and info["admissible_actions"] == []
+        obs2, reward, terminated, truncated, info = env.step("click[3]")
+        assert (obs2, reward, terminated, info["invalid_action"]) == (obs, 0.0, False, True)
+        assert "no element with bid" in info["last_action_error"]
+    finally:
+        env.close()
+        server.stop()

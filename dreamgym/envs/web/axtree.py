@@ -164,10 +164,15 @@ def _select_options(node: dict[str, Any], by_id: dict[str, dict[str, Any]]) -> t
     return tuple(out)
 
 
+EMPTY_PAGE = "(no elements on this page)"
+
+
 def render(elements: list[AXElement], title: str = "") -> str:
     """The abstract state: an optional ``Page: title`` header, then one line per element (a select lists its
     options on its own line: ``[bid] combobox: size value="m" options: s | m | l``)."""
     lines = [f"Page: {title}"] if title else []
+    if not elements:  # a page with no accessibility tree is a state too (never empty: M_exp targets need a line)
+        lines.append(EMPTY_PAGE)
     for e in elements:
         line = e.render()
         if e.options:
