@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from dreamgym.envs.base import Element
 
@@ -66,7 +67,7 @@ class RefContext:
         return cls(lines, target, tuple(tuple(s.strip() for s in n.strip().splitlines()) for n in neighbour_next_states))
 
     def inline_sources(self) -> list[tuple[str, str]]:
-        """(reference, text) pairs for inline use, in priority order, longest text first within the order."""
+        """(reference, text) pairs for inline use, longest text first; among equal lengths TARGET before STATE."""
         sources: list[tuple[str, str]] = []
         if self.target is not None:
             sources += [(f"@T.{i}", p) for i, p in enumerate(parts(_text_of(self.target)))]
@@ -80,6 +81,15 @@ class RefContext:
                 out.append((ref, text))
         return sorted(out, key=lambda rt: -len(rt[1]))  # stable: priority order among equal lengths
 
+    @cached_property
+    def inline_pattern(self) -> tuple[re.Pattern[str], dict[str, str]] | None:
+        """The sources as one regex (longest first) and text -> reference; built once per context, not per line."""
+        sources = self.inline_sources()
+        if not sources:
+            return None
+        pattern = re.compile("|".join(rf"(?<!\w){re.escape(t)}(?!\w)" for _, t in sources))
+        return pattern, {t: r for r, t in sources}
+
 
 def _escape(text: str) -> str:
     return text.replace("@", "@@")
@@ -87,11 +97,9 @@ def _escape(text: str) -> str:
 
 def encode_inline(text: str, ctx: RefContext) -> str:
     """``text`` with every occurrence (at word boundaries) of a source part replaced by its reference."""
-    sources = ctx.inline_sources()
-    if not sources:
+    if ctx.inline_pattern is None:
         return _escape(text)
-    pattern = re.compile("|".join(rf"(?<!\w){re.escape(t)}(?!\w)" for _, t in sources))
-    ref_of = {t: r for r, t in sources}
+    pattern, ref_of = ctx.inline_pattern
     out, pos = [], 0
     for m in pattern.finditer(text):
         out += [_escape(text[pos : m.start()]), ref_of[m.group(0)]]
