@@ -39,6 +39,8 @@ def run_episode(
         step_info: dict[str, Any] = {"invalid_action": bool(info.get("invalid_action")), "admissible_actions": admissible}
         if truncated:
             step_info["truncated"] = True
+        if "url" in info:  # where the step led (a browser env's page): its explainer reads the page's state there
+            step_info["url"] = info["url"]
         transitions.append(
             Transition(state=obs, action=action, next_state=next_obs, reward=reward, done=done, info=step_info)
         )
@@ -46,13 +48,16 @@ def run_episode(
         if done:
             success = bool(info.get("success"))
             break
+    recorder = getattr(env, "trajectory_meta", None)  # what an env adds to its records (the browser's site config)
+    extra_meta: dict[str, Any] = recorder() if callable(recorder) else {}
     return Trajectory(
         task=task,
         transitions=transitions,
         success=success,
         source=source,
         policy=policy.name,
-        meta={"env": env.name, "env_kwargs": env.make_kwargs, "seed": seed, "split": split, "invalid_actions": invalid},
+        meta={"env": env.name, "env_kwargs": env.make_kwargs, "seed": seed, "split": split, "invalid_actions": invalid,
+              **extra_meta},
     )
 
 

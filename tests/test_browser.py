@@ -306,10 +306,14 @@ def test_collect_and_annotate_through_the_browser(tmp_path: Path, site_url: str)
     trajs = list(read_trajectories(data))
     assert len(trajs) == 3 and all(t.meta["env"] == "browser" for t in trajs)
     assert "searchbox" in trajs[0].transitions[0].state and trajs[0].transitions[0].action.startswith("type[")
-    run = subprocess.run([sys.executable, "-m", "dreamgym", "annotate", "--data", str(data), "--annotator", "diff",
+    assert all(x.info["url"].startswith(site_url) for t in trajs for x in t.transitions)  # the explainer's ground truth
+    assert trajs[0].meta["site"] == SITE.to_dict()
+    run = subprocess.run([sys.executable, "-m", "dreamgym", "annotate", "--data", str(data), "--annotator", "rule",
                           "--out", str(annotated)], capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr
-    assert all(x.info["reasoning"] for t in read_trajectories(annotated) for x in t.transitions)
+    steps = [x for t in read_trajectories(annotated) for x in t.transitions]
+    assert all(x.info["reasoning"] for x in steps)
+    assert any(x.info["reasoning"].startswith("search [") for x in steps)  # the shop's traces, naming bids
 
 
 # The repo's configs/browser-shop-tiny.yaml, shrunk to ~90 s on one core: 6 noisy-oracle episodes through Chromium,
@@ -354,7 +358,7 @@ def test_micro_pipeline_through_the_browser(tmp_path: Path) -> None:
     from dreamgym.types import read_trajectories
 
     config = yaml.safe_load(Path("configs/browser-shop-tiny.yaml").read_text())
-    assert config["env"] == "browser" and config["annotator"] == "diff"
+    assert config["env"] == "browser" and config["annotator"] == "rule"
     (tmp_path / "browser.yaml").write_text(yaml.safe_dump({**config, **MICRO}))
     out = tmp_path / "demo"
     mark = f"dreamgym-browser-demo-{uuid.uuid4().hex}"  # inherited by every process the demo starts
@@ -373,7 +377,7 @@ def test_micro_pipeline_through_the_browser(tmp_path: Path) -> None:
     actions = [x.action for t in trajs for x in t.transitions]
     assert all(a.startswith(("type[", "click[", "select[", "go_back", "stop[")) for a in actions)
     annotation = json.loads((out / "stages" / "annotate.json").read_text())
-    assert annotation["annotator"] == "diff" and annotation["written"] == 6 and annotation["fallbacks"] == 0
+    assert annotation["annotator"] == "rule" and annotation["written"] == 6 and annotation["fallbacks"] == 0
     assert all(x.info["reasoning"] for t in read_trajectories(out / "offline_annotated.jsonl") for x in t.transitions)
     # M_exp was trained on the browser states, and the dream asked it for steps
     exp = json.loads((out / "stages" / "train_exp.json").read_text())
@@ -424,3 +428,81 @@ def test_a_page_without_an_accessibility_tree_is_a_state_and_clicks_on_it_are_in
     finally:
         env.close()
         server.stop()
+
+
+# --------------------------------------------------------------------------------- the rule explainer
+
+class _Scripted:
+    """A browser policy playing fixed actions; ``{box}`` / ``{text}`` stand for the search page's box / first text."""
+
+    name = "scripted"
+
+    def __init__(self, actions: list[str]) -> None:
+        self.actions = actions
+
+    def reset(self, env: object, task: object) -> None:
+        self.t = 0
+
+    def act(self, obs: str, info: dict) -> str:
+        from dreamgym.envs.base import parse_elements
+
+        lines = parse_elements(obs)
+        box = next((e.id for e in lines if e.type == "searchbox"), "?")
+        text = next((e.id for e in lines if e.type == "text"), "?")
+        self.t += 1
+        return self.actions[self.t - 1].format(box=box, text=text)
+
+
+def test_rule_explainer_traces_browser_steps_from_the_shop(env) -> None:
+    from dreamgym.collect import iter_episodes, run_episode
+    from dreamgym.envs.base import parse_elements
+    from dreamgym.envs.web.explain import explain_trajectory
+    from dreamgym.experience.annotate import rule_explainer
+
+    assert rule_explainer("browser") is explain_trajectory
+    for traj in iter_episodes(env, env.scripted_policy("oracle"), 3, split="test", seed=3):
+        e = explain_trajectory(traj)
+        assert not e.issues and len(e.reasoning) == traj.num_steps and e.task_tutorial is not None
+        buy, last = e.reasoning[-1], traj.transitions[-1]
+        assert buy.startswith("buy [") and buy.endswith(f"={last.reward:.2f} -> done") and last.reward == 1.0
+        asin = traj.task.goal["asin"]
+        open_at = next(t for t, r in enumerate(e.reasoning) if r.startswith("open ["))
+        bid = re.match(r"open \[(\d+)\] (\S+)", e.reasoning[open_at]).groups()  # type: ignore[union-attr]
+        line = next(x for x in parse_elements(traj.transitions[open_at].state) if x.id == bid[0])
+        assert bid[1] == asin and line.text.startswith(asin)  # the product the clicked link names
+    # invalid actions, a click on text, a search, go_back and stop
+    policy = _Scripted(["click[99999]", "type[{text}][x]", "click[{text}]", "type[{box}][bed sheets]", "go_back",
+                        "stop[nothing]"])
+    traj = run_episode(env, policy, env.tasks("test")[1], seed=0, split="test")  # type: ignore[arg-type]
+    e = explain_trajectory(traj)
+    assert not e.issues, e.issues
+    assert e.reasoning[0] == "invalid: click[99999]: no element [99999] on this page -> state unchanged, reward 0"
+    assert e.reasoning[1].endswith("is not a text field -> state unchanged, reward 0")
+    assert e.reasoning[2].endswith("-> nothing to click, page unchanged")
+    assert re.fullmatch(r'search \[\d+\] "bed sheets" -> results page 1, 1-\d+ of \d+', e.reasoning[3])
+    assert e.reasoning[4:] == ["go_back -> search page", 'stop "nothing" -> episode ends, nothing bought, reward 0']
+    # a tampered record is counted, not explained from a guess; the next step's URL puts the replay back in step
+    oracle = next(iter_episodes(env, env.scripted_policy("oracle"), 1, split="test", seed=5))
+    at = next(t for t, x in enumerate(oracle.transitions) if explain_trajectory(oracle).reasoning[t].startswith("open"))
+    other = next(x.id for x in parse_elements(oracle.transitions[at].state)
+                 if x.type == "link" and x.text.startswith("B0") and f"click[{x.id}]" != oracle.transitions[at].action)
+    tampered = oracle.model_copy(deep=True)
+    tampered.transitions[at].action = f"click[{other}]"
+    e = explain_trajectory(tampered)
+    assert e.issues == {"replay_mismatch": 1, "text_only_steps": 1, "url_resync": 1}
+    assert e.reasoning[at] == f"click[{other}] -> Shop — Item, reward 0.00"
+    assert e.reasoning[at + 1:] == explain_trajectory(oracle).reasoning[at + 1:]  # back in step
+    tampered = oracle.model_copy(deep=True)
+    tampered.transitions[-1].reward = 0.5
+    e = explain_trajectory(tampered)
+    assert e.issues == {"replay_mismatch": 1, "reward_mismatch": 1, "text_only_steps": 1}
+    assert e.reasoning[-1] == tampered.transitions[-1].action + " -> Shop — Thank you, reward 0.50"
+    # a record without URLs (collected before they were kept) is replayed from its pages alone
+    old = oracle.model_copy(deep=True)
+    for x in old.transitions:
+        x.info.pop("url")
+    assert explain_trajectory(old).reasoning == explain_trajectory(oracle).reasoning
+    # another site: plain traces, counted
+    foreign = oracle.model_copy(update={"meta": {"env": "browser", "env_kwargs": {"start_url": "http://example.com"}}})
+    e = explain_trajectory(foreign)
+    assert e.issues == {"unknown_site": 1, "text_only_steps": oracle.num_steps} and len(e.reasoning) == oracle.num_steps

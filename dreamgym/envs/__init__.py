@@ -50,7 +50,8 @@ register("agentgym", "dreamgym.envs.agentgym:AgentGymEnv")
 # reference, so the envs package imports nothing of the experience model's.
 register("dream", "dreamgym.experience.dream:make_dream_env")
 # needs dreamgym[browser] (Playwright) and a system Chromium; without start_url it serves the shop site itself
-register("browser", "dreamgym.envs.web.env:BrowserEnv", policies="dreamgym.envs.web.policies:make_policy")
+register("browser", "dreamgym.envs.web.env:BrowserEnv", policies="dreamgym.envs.web.policies:make_policy",
+         explainer="dreamgym.envs.web.explain:explain_trajectory")
 register(  # needs dreamgym[scienceworld] + Java
     "scienceworld", "dreamgym.envs.scienceworld.env:ScienceWorldEnv",
     policies="dreamgym.envs.scienceworld.policies:make_policy",

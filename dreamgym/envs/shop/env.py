@@ -16,7 +16,15 @@ from typing import Any
 
 from dreamgym.envs.base import TextEnv
 from dreamgym.envs.shop.catalog import Catalog, Product, build_catalog
-from dreamgym.envs.shop.pages import Click, Page, ShopState, ShopStateMapper, build_page, clicks_in_state
+from dreamgym.envs.shop.pages import (
+    Click,
+    Page,
+    ShopState,
+    ShopStateMapper,
+    after_click,
+    build_page,
+    clicks_in_state,
+)
 from dreamgym.envs.shop.reward import ShopGoal, purchase_reward
 from dreamgym.envs.shop.search import SearchEngine, search_engine
 from dreamgym.envs.shop.tasks import build_tasks, split_targets
@@ -107,27 +115,9 @@ class ShopEnv(TextEnv):
         return obs, 0.0, False, info
 
     def _after_click(self, click: Click) -> ShopState:
-        state = self.state
         if click.kind == "back_to_search":
             return self._search_state()
-        if click.kind == "next":
-            return dataclasses.replace(state, page_no=state.page_no + 1)
-        if click.kind == "prev":
-            if state.page == "results":
-                return dataclasses.replace(state, page_no=state.page_no - 1)
-            if state.page == "item":  # back to the results page the item was opened from
-                return dataclasses.replace(state, page="results", item=None, selected=())
-            return dataclasses.replace(state, page="item")  # from description / features
-        if click.kind == "item":
-            return dataclasses.replace(state, page="item", item=click.item, selected=())
-        if click.kind == "option":
-            assert click.option is not None
-            selected = dict(state.selected)
-            selected[click.option[0]] = click.option[1]
-            return dataclasses.replace(state, selected=tuple(selected.items()))
-        if click.kind == "description":
-            return dataclasses.replace(state, page="description")
-        return dataclasses.replace(state, page="features")
+        return after_click(self.state, click)
 
     def _buy(self) -> tuple[str, float, bool, dict[str, Any]]:
         assert self.goal is not None and self.state.item is not None

@@ -36,12 +36,12 @@ import json
 import logging
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from dreamgym.envs.base import make, truncate
-from dreamgym.envs.shop.catalog import Product
+from dreamgym.envs.shop.catalog import Catalog, Product
 from dreamgym.envs.shop.env import ShopEnv, parse_action
-from dreamgym.envs.shop.pages import Page, ShopState
+from dreamgym.envs.shop.pages import Click, Page, ShopState
 from dreamgym.envs.shop.reward import ShopGoal, purchase_reward
 from dreamgym.envs.shop.vocab import CATEGORY_BY_NAME
 from dreamgym.types import DataError, Explanation, Trajectory, Transition
@@ -59,7 +59,7 @@ def _yn(ok: bool) -> str:
     return "y" if ok else "n"
 
 
-def _short(text: str, limit: int = MAX_QUOTED) -> str:
+def short(text: str, limit: int = MAX_QUOTED) -> str:
     return truncate(" ".join(text.split()), limit)
 
 
@@ -84,7 +84,7 @@ def _element_id(page: Page, text: str) -> str:
     return "?"
 
 
-def _results(state: ShopState, per_page: int) -> str:
+def results_summary(state: ShopState, per_page: int) -> str:
     total = len(state.results)
     if total == 0:
         return "no results"
@@ -92,11 +92,12 @@ def _results(state: ShopState, per_page: int) -> str:
     return f"results page {state.page_no}, {first}-{min(first + per_page - 1, total)} of {total}"
 
 
-def purchase_trace(goal: ShopGoal, product: Product, selected: Mapping[str, str]) -> tuple[str, float]:
-    """The checks of a purchase and its score, and that score (the shop's reward for it)."""
+def purchase_trace(goal: ShopGoal, product: Product, selected: Mapping[str, str], at: str = "") -> tuple[str, float]:
+    """The checks of a purchase and its score, and that score (the shop's reward for it); ``at`` follows ``buy``
+    (the browser's `` [bid]``)."""
     b = purchase_reward(goal, product, selected)
     shown = title_attributes(product)
-    steps = [f"buy {product.asin}", f"type {goal.category}={product.category} {_yn(b.r_type == 1.0)}"]
+    steps = [f"buy{at} {product.asin}", f"type {goal.category}={product.category} {_yn(b.r_type == 1.0)}"]
     steps += [f"attr {a} {'title' if a in shown else 'unseen'} {_yn(a in product.attributes)}" for a in goal.attributes]
     steps += [f"opt {n}={v} sel {_yn(selected.get(n) == v)}" for n, v in goal.options.items()]
     steps.append(f"price {product.price:.2f}<={_bound(goal.price_upper)} {_yn(b.price_ok)}")
@@ -110,21 +111,21 @@ def invalid_trace(action: str, page: Page) -> str:
     """Why an action changed nothing: malformed, a search off the search page, or a click on no element."""
     parsed = parse_action(action)
     if parsed is None:
-        why = f'"{_short(action)}" is not search[...] or click[...]'
+        why = f'"{short(action)}" is not search[...] or click[...]'
     elif parsed[0] == "search":
         why = f"search only works on the search page, not on the {page.kind} page"
     else:
-        why = f"click[{_short(parsed[1])}] not on this page"
+        why = f"click[{short(parsed[1])}] not on this page"
     return f"invalid: {why} {INVALID_OUTCOME}"
 
 
 def text_only_trace(x: Transition) -> str:
     """A trace from the recorded text alone, for steps the replay cannot explain."""
     if x.info.get("invalid_action"):
-        return f"invalid: {_short(x.action)} {INVALID_OUTCOME}"
+        return f"invalid: {short(x.action)} {INVALID_OUTCOME}"
     lines = x.next_state.strip().splitlines()
     first = lines[0].split(": ", 1)[-1] if lines else ""
-    return f"{_short(x.action)} -> {_short(first, 60)}, reward {x.reward:.2f}"
+    return f"{short(x.action)} -> {short(first, 60)}, reward {x.reward:.2f}"
 
 
 def step_trace(env: ShopEnv, before: ShopState, page: Page, action: str, info: Mapping[str, object]) -> str:
@@ -135,35 +136,43 @@ def step_trace(env: ShopEnv, before: ShopState, page: Page, action: str, info: M
     assert parsed is not None, "a valid action parses"
     verb, arg = parsed
     if verb == "search":
-        return f'search "{_short(arg)}" -> {_results(env.state, env.results_per_page)}'
-    click = page.clicks[arg]
-    product = None if before.item is None else env.catalog.products[before.item]
+        return f'search "{short(arg)}" -> {results_summary(env.state, env.results_per_page)}'
+    return click_trace(env.catalog, env.results_per_page, env.goal or ShopGoal("", ()), before, env.state,
+                       page.clicks[arg], lambda text: _element_id(page, text))
+
+
+def click_trace(catalog: Catalog, per_page: int, goal: ShopGoal, before: ShopState, after: ShopState, click: Click,
+                element_id: Callable[[str], str], name_all: bool = False) -> str:
+    """The trace of a click from ``before`` to ``after``. ``element_id(text)`` is the id of the clicked element
+    (by its text) in the product and option lines; ``name_all`` names it in every line (the browser's bids)."""
+    product = None if before.item is None else catalog.products[before.item]
     asin = product.asin if product is not None else "?"
+    at = f" [{element_id('')}]" if name_all else ""
     if click.kind == "item":
         assert click.item is not None
-        p = env.catalog.products[click.item]
-        return f'open [{_element_id(page, p.asin)}] {p.asin} "{p.title}" ${p.price:.2f} -> item page'
+        p = catalog.products[click.item]
+        return f'open [{element_id(p.asin)}] {p.asin} "{p.title}" ${p.price:.2f} -> item page'
     if click.kind == "option":
         assert click.option is not None
         name, value = click.option
         was = dict(before.selected).get(name)
-        head = f"select [{_element_id(page, f'{name}={value}')}] {name}={value} on {asin}"
+        head = f"select [{element_id(f'{name}={value}')}] {name}={value} on {asin}"
         if was == value:
             return f"{head} -> item page unchanged, already selected"
         return f"{head} -> item page, {name}={value} selected" + (f", {name}={was} unselected" if was else "")
     if click.kind in ("next", "prev") and before.page == "results":
-        return f"{click.kind} on results page {before.page_no} -> {_results(env.state, env.results_per_page)}"
+        return f"{click.kind}{at} on results page {before.page_no} -> {results_summary(after, per_page)}"
     if click.kind == "prev" and before.page == "item":
-        return f"prev on item {asin} -> {_results(env.state, env.results_per_page)}"
+        return f"prev{at} on item {asin} -> {results_summary(after, per_page)}"
     if click.kind == "prev":  # from the description or features page, back to the item page as it was
         kept = "".join(f", {n}={v} selected" for n, v in before.selected)
-        return f"prev on {before.page} of {asin} -> item page {asin}{kept}"
+        return f"prev{at} on {before.page} of {asin} -> item page {asin}{kept}"
     if click.kind == "back_to_search":
-        return "back to search -> search page"
+        return f"back to search{at} -> search page"
     if click.kind in ("description", "features"):
-        return f"{click.kind} of {asin} -> {click.kind} page"
+        return f"{click.kind}{at} of {asin} -> {click.kind} page"
     assert click.kind == "buy" and product is not None
-    trace, _ = purchase_trace(env.goal or ShopGoal("", ()), product, dict(before.selected))
+    trace, _ = purchase_trace(goal, product, dict(before.selected), at)
     return trace
 
 

@@ -12,6 +12,7 @@ renders a page as the abstract state, one element per line::
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -107,6 +108,32 @@ def build_page(state: ShopState, catalog: Catalog, results_per_page: int) -> Pag
             _button(page, "< Prev", Click("prev"))
             _button(page, "Back to Search", Click("back_to_search"))
     return page
+
+
+def after_click(state: ShopState, click: Click) -> ShopState:
+    """The state a (non-buy) click leads to: the same in the text shop and on its website (whose links are the
+    URLs of these states). Back to Search is a fresh search page (the text shop adds its example queries)."""
+    if click.kind == "back_to_search":
+        return ShopState("search")
+    if click.kind == "next":
+        return dataclasses.replace(state, page_no=state.page_no + 1)
+    if click.kind == "prev":
+        if state.page == "results":
+            return dataclasses.replace(state, page_no=state.page_no - 1)
+        if state.page == "item":  # back to the results page the item was opened from
+            return dataclasses.replace(state, page="results", item=None, selected=())
+        return dataclasses.replace(state, page="item")  # from description / features
+    if click.kind == "item":
+        return dataclasses.replace(state, page="item", item=click.item, selected=())
+    if click.kind == "option":
+        assert click.option is not None
+        selected = dict(state.selected)
+        selected[click.option[0]] = click.option[1]
+        return dataclasses.replace(state, selected=tuple(selected.items()))
+    if click.kind == "description":
+        return dataclasses.replace(state, page="description")
+    assert click.kind == "features", f"{click.kind}: no page of its own"
+    return dataclasses.replace(state, page="features")
 
 
 def _results(page: Page, state: ShopState, catalog: Catalog, per_page: int) -> None:

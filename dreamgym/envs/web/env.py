@@ -181,6 +181,11 @@ class BrowserEnv(TextEnv):
             return self._shop_tasks[split]
         return list(self._web_tasks.get(split, []))
 
+    def trajectory_meta(self) -> dict[str, Any]:
+        """Recorded in a collected trajectory's meta: the shop site's config (``site``) when the env plays our shop,
+        so the rule explainer (:mod:`dreamgym.envs.web.explain`) rebuilds it even for a ``start_url`` env."""
+        return {"site": self.shop.to_dict()} if self.shop is not None else {}
+
     # -- the worker thread --------------------------------------------------------------------------
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn`` on the browser thread; past its deadline the browser is killed (and relaunched later)."""

@@ -34,7 +34,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 
 from dreamgym.envs.base import Element
 from dreamgym.envs.shop.catalog import Catalog, build_catalog
-from dreamgym.envs.shop.pages import Click, Page, ShopState, build_page
+from dreamgym.envs.shop.pages import Click, Page, ShopState, after_click, build_page
 from dreamgym.envs.shop.reward import ShopGoal, purchase_reward
 from dreamgym.envs.shop.search import SearchEngine, search_engine
 from dreamgym.envs.shop.tasks import build_tasks, split_targets
@@ -162,7 +162,7 @@ def state_from_url(url: str, catalog: Catalog, engine: SearchEngine, max_results
 
 # ------------------------------------------------------------------------------------------ rendering
 
-def _target(element: Element) -> str:
+def click_target(element: Element) -> str:
     """The click target of an element, as the text shop keys its clicks (see ``pages.clicks_in_state``)."""
     if element.type == "link":
         return element.text.split(" — ", 1)[0].strip().lower()
@@ -172,33 +172,20 @@ def _target(element: Element) -> str:
 
 
 def _href(sid: str, state: ShopState, click: Click, catalog: Catalog) -> str:
-    import dataclasses
-
-    if click.kind == "back_to_search":
-        nxt = ShopState("search")
-    elif click.kind == "next":
-        nxt = dataclasses.replace(state, page_no=state.page_no + 1)
-    elif click.kind == "prev":
-        if state.page == "results":
-            nxt = dataclasses.replace(state, page_no=state.page_no - 1)
-        elif state.page == "item":
-            nxt = dataclasses.replace(state, page="results", item=None, selected=())
-        else:
-            nxt = dataclasses.replace(state, page="item")
-    elif click.kind == "item":
-        nxt = dataclasses.replace(state, page="item", item=click.item, selected=())
-    elif click.kind == "option":
-        assert click.option is not None
-        selected = dict(state.selected)
-        selected[click.option[0]] = click.option[1]
-        nxt = dataclasses.replace(state, selected=tuple(selected.items()))
-    else:  # description / features
-        nxt = dataclasses.replace(state, page="description" if click.kind == "description" else "features")
-    return state_url(sid, nxt, catalog)
+    return state_url(sid, after_click(state, click), catalog)
 
 
 _STYLE = ("body{font-family:sans-serif;max-width:50em;margin:1em auto}a{margin-right:.6em}"
           "[role=radio][aria-checked=true]{font-weight:bold;text-decoration:none}")
+
+
+PAGE_TITLES = {"search": "Search", "results": "Results", "item": "Item", "description": "Description",
+               "features": "Features", "done": "Thank you"}
+
+
+def page_title(kind: str) -> str:
+    """The document title of a page kind (the browser's observation starts with ``Page: <title>``)."""
+    return f"Shop — {PAGE_TITLES[kind]}"
 
 
 def _document(title: str, body: list[str]) -> str:
@@ -225,7 +212,7 @@ def render_page(sid: str, state: ShopState, page: Page, catalog: Catalog, instru
             tag = "h1" if state.page == "item" and not body else "p"
             body.append(f"<{tag}>{esc(element.text)}</{tag}>")
             continue
-        click = page.clicks[_target(element)]
+        click = page.clicks[click_target(element)]
         if click.kind == "buy":
             hidden = "".join(f"<input type='hidden' name='o' value='{esc(f'{n}:{v}', quote=True)}'>"
                              for n, v in state.selected)
@@ -252,9 +239,7 @@ def render_page(sid: str, state: ShopState, page: Page, catalog: Catalog, instru
             body.append(f"<a href='{href}'>{esc(element.text)}</a>")
     if group is not None:
         body.append("</div>")
-    title = {"search": "Search", "results": "Results", "item": "Item", "description": "Description",
-             "features": "Features", "done": "Thank you"}[state.page]
-    return _document(f"Shop — {title}", body)
+    return _document(page_title(state.page), body)
 
 
 # ------------------------------------------------------------------------------------------------ app
