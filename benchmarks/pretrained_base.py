@@ -157,17 +157,22 @@ def run_policy(args: argparse.Namespace, init: str, seed: int, results: dict[str
     if key in results["cells"]:
         return
     run = args.work / "policy" / f"{init}-s{seed}"
-    cfg = PolicyConfig(action_format="index", offer_task_search=True)
+    cfg = PolicyConfig(action_format="index", offer_task_search=True, answer_by_name=args.answer_by_name)
     sft = SFTConfig(epochs=2.0, max_steps=args.policy_steps, learning_rate=args.policy_lr, batch_size=32,
+                    max_length=args.policy_max_length,
                     time_budget_s=float(args.time_cap or args.budget), num_threads=args.threads, seed=seed, save_steps=100000)
     summary = (json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file()
-               else train_bc(args.train, model_path, run, sft, cfg))
+               else train_bc(args.train, model_path, run, sft, cfg, only_successful=not args.all_trajectories,
+                                 skip_detours=not args.keep_detours))
     t0 = time.monotonic()
-    res = evaluate_policy(load_policy(run), env_factory("shop"), "test", args.episodes, seed=0, max_steps=15,
-                          num_envs=64)
+    # val needs the shop's val_fraction (0.1: the split the bench uses); test's tasks do not depend on it
+    env_kwargs = {"val_fraction": 0.1} if args.eval_split == "val" else {}
+    res = evaluate_policy(load_policy(run), env_factory("shop", **env_kwargs), args.eval_split, args.episodes, seed=0,
+                          max_steps=15, num_envs=64)
     results["cells"][key] = {"init": init, "seconds": args.budget, "seed": seed, "steps": summary.get("steps"),
                              "epochs": summary.get("epochs"),
                              "train_seconds": summary.get("seconds"), "eval_seconds": round(time.monotonic() - t0, 1),
+                             "eval_split": args.eval_split, "examples": summary.get("examples"),
                              **res.to_dict()}
     save(out, results)
     print(key, results["cells"][key], flush=True)
@@ -265,6 +270,16 @@ def main() -> None:
     parser.add_argument("--points", nargs="+", type=int, default=[150, 300, 600], help="exp: snapshot seconds")
     parser.add_argument("--max-transitions", type=int, default=None, help="exp: held-out steps scored (all)")
     parser.add_argument("--episodes", type=int, default=200, help="policy: test episodes")
+    parser.add_argument("--eval-split", choices=["test", "val"], default="test",
+                        help="policy: the split of the evaluation tasks (choose settings on val)")
+    parser.add_argument("--policy-max-length", type=int, default=512,
+                        help="policy: tokens per BC example (longer prompts lose their start, the task)")
+    parser.add_argument("--answer-by-name", action="store_true",
+                        help="policy: clone option and button clicks as their text (PolicyConfig.answer_by_name)")
+    parser.add_argument("--keep-detours", action="store_true",
+                        help="policy: clone a noisy policy's random detour steps too (as before detours were recorded)")
+    parser.add_argument("--all-trajectories", action="store_true",
+                        help="policy: clone the oracle steps of every trajectory, not only the successful ones")
     parser.add_argument("--policy-lr", type=float, default=2e-3, help="policy: BC learning rate (the base's pre-training one; not tuned)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -41,6 +41,8 @@ def run_episode(
             step_info["truncated"] = True
         if "url" in info:  # where the step led (a browser env's page): its explainer reads the page's state there
             step_info["url"] = info["url"]
+        if getattr(policy, "last_detour", False):  # a noisy policy's random step, not its oracle's choice
+            step_info["detour"] = True
         transitions.append(
             Transition(state=obs, action=action, next_state=next_obs, reward=reward, done=done, info=step_info)
         )

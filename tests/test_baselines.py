@@ -10,7 +10,14 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from dreamgym.agent.policy import PolicyConfig, format_action_target, load_policy
+from dreamgym.agent.policy import (
+    AgentObservation,
+    PolicyConfig,
+    action_target,
+    env_action,
+    format_action_target,
+    load_policy,
+)
 from dreamgym.baselines import (
     DPOTrainConfig,
     agent_observations,
@@ -74,6 +81,41 @@ def test_bc_examples_are_the_valid_steps_of_successes_with_full_context() -> Non
     prompt = examples[1].prompt  # step 2: the history holds the invalid step too, as acting keeps it
     assert isinstance(prompt, list) and prompt[1]["content"] == "TASK: do a\nSTEP: 2\nHISTORY: q\nSTATE:\ns2\nACTIONS: r | x"
     assert len(bc_examples(data, PolicyConfig(), only_successful=False)) == 3
+
+
+def test_noisy_collection_flags_its_detours_and_bc_learns_only_the_oracle_steps() -> None:
+    shop = make("shop", **SHOP)
+    data = list(iter_episodes(shop, shop.scripted_policy("noisy", seed=3, noise=0.5), 12, seed=0))
+    oracle = shop.scripted_policy("oracle")
+    steps = [x for t in data for x in t.transitions]
+    detours = [x for x in steps if x.info.get("detour")]
+    assert 0.3 < len(detours) / len(steps) < 0.7  # noise 0.5
+    # a step not flagged is the oracle's own choice: replaying each trajectory, the oracle agrees with it there
+    for t in data:
+        obs, info = shop.reset(seed=0, options={"task": t.task})
+        oracle.reset(shop, t.task)
+        for x in t.transitions:
+            if not x.info.get("detour"):
+                assert oracle.act(obs, info) == x.action
+            obs, *_, info = shop.step(x.action)
+    cfg = PolicyConfig()
+    kept = bc_examples(data, cfg, only_successful=False)
+    assert len(kept) == sum(not x.info.get("detour") and not x.info["invalid_action"] for x in steps)
+    assert len(bc_examples(data, cfg, only_successful=False, skip_detours=False)) == sum(
+        not x.info["invalid_action"] for x in steps)
+
+
+def test_answer_by_name_clones_word_actions_as_text_and_ids_as_numbers() -> None:
+    obs = AgentObservation("i want red sheets", "[1] option: color=red", ["click[b0n38atr]", "click[red]",
+                                                                          "click[3 seater]", "click[buy now]"], [])
+    cfg = PolicyConfig(action_format="index", answer_by_name=True)
+    assert [action_target(obs, a, cfg) for a in obs.admissible_actions] == [
+        "<action>1</action>", "<action>click[red]</action>", "<action>click[3 seater]</action>",
+        "<action>click[buy now]</action>"]
+    plain = PolicyConfig(action_format="index")
+    assert action_target(obs, "click[red]", plain) == "<action>2</action>"
+    # either answer is read back as the env action
+    assert env_action("<action>click[red]</action>", obs, cfg) == env_action("<action>2</action>", obs, cfg) == "click[red]"
 
 
 def test_preference_pairs_take_the_first_differing_step_against_the_closest_success() -> None:

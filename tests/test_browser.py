@@ -128,8 +128,16 @@ def test_observation_has_bids_roles_and_actions(env) -> None:
     obs, *_ = env.step(f"click[{product.id}]")
     radios = [e for e in parse_elements(obs) if e.type == "radio"]
     assert radios and not any("(checked)" in e.text for e in radios)
-    obs, *_ = env.step(f"click[{radios[0].id}]")
+    obs, reward, terminated, truncated, info = env.step(f"click[{radios[0].id}]")
     assert "(checked)" in next(e for e in parse_elements(obs) if e.type == "radio").text
+    # go_back is offered while an episode page lies behind this one, and not past the first page
+    backs = 0
+    while "go_back" in info["admissible_actions"] and backs < 6:
+        obs, reward, terminated, truncated, info = env.step("go_back")
+        assert not info["invalid_action"]
+        backs += 1
+    assert any(e.type == "searchbox" for e in parse_elements(obs)) and 2 <= backs < 6
+    assert env.step("go_back")[4]["invalid_action"]
     png = env.screenshot()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -64,6 +64,9 @@ class PolicyConfig(BaseModel):
     invalid_action_penalty: float = Field(default=0.1, ge=0, description="subtracted from an invalid step's reward")
     action_format: Literal["text", "index"] = Field(default="text", description="index: answer an option number")
     offer_task_search: bool = Field(default=False, description="add search[<instruction>] where search is offered")
+    answer_by_name: bool = Field(default=False, description="index format: clone a short word action (an option, a "
+                                 "button: see is_word_action) as its text, and only ids and long actions as option "
+                                 "numbers")
 
 
 @dataclass(frozen=True)
@@ -125,11 +128,22 @@ def format_action_target(action: str, thought: str | None = None) -> str:
 def action_target(obs: AgentObservation, action: str, cfg: PolicyConfig, thought: str | None = None) -> str:
     """The behaviour-cloning target for taking ``action`` at ``obs``: its option number in ``index`` format
     when it is one of the options, else the action text."""
-    if cfg.action_format == "index":
+    if cfg.action_format == "index" and not (cfg.answer_by_name and is_word_action(action)):
         options = [a.lower() for a in agent_options(obs, cfg)]
         if action.lower() in options:
             return format_action_target(str(options.index(action.lower()) + 1), thought)
     return format_action_target(action, thought)
+
+
+_ID_LIKE = re.compile(r"(?=[a-z]*\d)(?=\d*[a-z])[a-z0-9]{6,}", re.IGNORECASE)  # b0n38atr, not "3 seater"
+
+
+def is_word_action(action: str) -> bool:
+    """A short action that names words, not an id (``click[queen]``, ``click[3 seater]``, ``click[buy now]``):
+    at most 24 characters, no run of 6+ letters and digits mixed. Writing one out asks a model to match words of
+    the task and the state; naming an id (``click[b0n38atr]``) or a long query asks it to copy many characters,
+    which a small model without copying cannot (README)."""
+    return len(action) <= 24 and _ID_LIKE.search(action) is None
 
 
 def resolve_action(answer: str, options: Sequence[str]) -> str | None:

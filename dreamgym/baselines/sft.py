@@ -59,13 +59,15 @@ def agent_observations(traj: Trajectory) -> list[AgentObservation]:
 
 
 def bc_examples(
-    trajs: Sequence[Trajectory], policy_cfg: PolicyConfig, only_successful: bool = True
+    trajs: Sequence[Trajectory], policy_cfg: PolicyConfig, only_successful: bool = True, skip_detours: bool = True
 ) -> list[SFTExample]:
     """One example per valid step of the (successful) trajectories. Steps flagged ``invalid_action`` are
     skipped (they changed nothing: cloning them teaches a wasted turn) and counted in the log, as are steps
-    without recorded admissible actions."""
+    without recorded admissible actions. With ``skip_detours``, so are a noisy policy's random steps
+    (``info["detour"]``): they stay in the later prompts' history, but the policy learns only the oracle's
+    actions, including its recoveries from them."""
     examples: list[SFTExample] = []
-    invalid = missing_admissible = 0
+    invalid = missing_admissible = detours = 0
     for traj in trajs:
         if only_successful and not traj.success:
             continue
@@ -73,11 +75,16 @@ def bc_examples(
             if x.info.get("invalid_action"):
                 invalid += 1
                 continue
+            if skip_detours and x.info.get("detour"):
+                detours += 1
+                continue
             if "admissible_actions" not in x.info:
                 missing_admissible += 1
             examples.append(SFTExample(build_agent_prompt(obs, policy_cfg), action_target(obs, x.action, policy_cfg)))
     if invalid:
         log.info("behaviour cloning: skipped %d invalid-action steps", invalid)
+    if detours:
+        log.info("behaviour cloning: skipped %d detour steps of a noisy policy", detours)
     if missing_admissible and policy_cfg.show_admissible:
         log.warning(
             "behaviour cloning: %d of %d steps have no recorded admissible actions, so their prompts lack the "
@@ -138,15 +145,18 @@ def train_bc(
     sft_cfg: SFTConfig,
     policy_cfg: PolicyConfig,
     vocab_size: int | None = None,
+    only_successful: bool = True,
+    skip_detours: bool = True,
 ) -> dict[str, Any]:
-    """Behaviour-clone the successful trajectories of ``data_paths`` into a policy run dir; return the summary
-    (also written to ``out_run_dir/summary.json``). A rerun into the same dir resumes from its checkpoints."""
+    """Behaviour-clone the successful trajectories of ``data_paths`` (every trajectory's oracle steps with
+    ``only_successful=False``: see :func:`bc_examples`) into a policy run dir; return the summary (also written
+    to ``out_run_dir/summary.json``). A rerun into the same dir resumes from its checkpoints."""
     run = Path(out_run_dir)
     if (run / "summary.json").exists():
         raise ValueError(f"{run}: already holds a finished run (summary.json); choose another --out")
     started = time.monotonic()
     trajs = read_data(data_paths)
-    examples = bc_examples(trajs, policy_cfg)
+    examples = bc_examples(trajs, policy_cfg, only_successful=only_successful, skip_detours=skip_detours)
     if not examples:
         raise DataError(f"{', '.join(map(str, data_paths))}: no successful trajectories to clone")
     hf_model, tokenizer = init_model(model, trajs, examples, vocab_size, sft_cfg.seed)
@@ -169,6 +179,9 @@ def train_bc(
         "real_transitions": sum(t.num_steps for t in trajs),
         "trajectories": len(trajs),
         "successful_trajectories": sum(t.success for t in trajs),
+        "only_successful": only_successful,
+        "skip_detours": skip_detours,
+        "examples": len(examples),
         **stats,
         "seconds": round(time.monotonic() - t0, 1),
         "prep_seconds": round(prep_s, 1),

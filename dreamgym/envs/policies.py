@@ -27,6 +27,10 @@ class NoisyPolicy:
         self.noise = noise
         self.rng = random.Random(seed)
         self.oracle = oracle
+        # whether the last action was a random detour rather than the oracle's: collection records it
+        # (``info["detour"]``) so behaviour cloning can learn the oracle's actions only (DART-style noise injection:
+        # the detours put the expert in states it would not reach alone, its recoveries are the labels)
+        self.last_detour = False
 
     def reset(self, env: TextEnv, task: Task | None) -> None:
         self.oracle.reset(env, task)
@@ -37,7 +41,8 @@ class NoisyPolicy:
 
     def act(self, obs: str, info: dict[str, Any]) -> str:
         actions = self.detours(info)
-        if actions and self.rng.random() < self.noise:
+        self.last_detour = bool(actions) and self.rng.random() < self.noise
+        if self.last_detour:
             return self.take_detour(str(self.rng.choice(actions)), info)
         return str(self.oracle.act(obs, info))
 

@@ -22,7 +22,7 @@ from dreamgym.envs.base import Element, truncate
 BID_ATTR = "data-bid"
 
 # Marks the document's elements (body and below; head/script/style carry nothing to act on); returns the
-# page's history length (for go_back) and title.
+# page's title.
 MARK_BIDS_JS = """() => {
   const w = window;
   if (w.__dgNextBid === undefined) w.__dgNextBid = 1;
@@ -31,7 +31,7 @@ MARK_BIDS_JS = """() => {
   for (const el of [root, ...root.querySelectorAll('*')]) {
     if (!skip.has(el.tagName) && !el.hasAttribute('data-bid')) el.setAttribute('data-bid', String(w.__dgNextBid++));
   }
-  return [history.length, document.title];
+  return document.title;
 }"""
 
 # roles that are structure only: a line only when they are named

@@ -332,7 +332,9 @@ class BrowserEnv(TextEnv):
         if len(self._context.pages) > 1 and self._context.pages[-1] is not page:  # a link opened a new tab
             page = self._page = self._context.pages[-1]
             self._cdp = self._context.new_cdp_session(page)
-        self._history, self.title = page.evaluate(MARK_BIDS_JS)
+        self.title = page.evaluate(MARK_BIDS_JS)
+        # where the tab is in its history: ``history.length`` does not shrink on go_back, the current index does
+        self._history = int(self._cdp.send("Page.getNavigationHistory")["currentIndex"])
         nodes = self._cdp.send("Accessibility.getFullAXTree")["nodes"]
         bids = bid_map(self._cdp.send("DOM.getDocument", {"depth": -1, "pierce": True}))
         self.elements = extract(nodes, bids)

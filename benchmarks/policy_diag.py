@@ -1,0 +1,129 @@
+"""Where a shop policy's greedy episodes go wrong: each episode's first failing phase.
+
+    .venv/bin/python benchmarks/policy_diag.py RUN [RUN ...] --split val --episodes 200 [--out FILE.json]
+
+Plays ``--episodes`` greedy episodes of ``--split`` (val: the shop with ``val_fraction=0.1``, the split the bench
+chooses settings on) with each policy run dir, the same tasks and seed as ``benchmarks/pretrained_base.py``'s
+evaluation, and sorts every episode by the first phase of the oracle's plan (search with the instruction, open a
+product, select the task's options, buy) it misses:
+
+* ``no_search``: no ``search[...]`` with the task's instruction before the first product opened;
+* ``no_product``: never opened a product page;
+* ``wrong_product``: the last product bought or opened is not one that satisfies the goal's type, attributes and
+  price (:func:`dreamgym.envs.shop.reward.satisfies`);
+* ``wrong_options``: bought a right product with an option missing or wrong;
+* ``no_buy``: a right product with the right options, never bought (ran out of steps);
+* ``success``.
+
+Beside each policy it prints the same breakdown for two scripted references on the same tasks: ``first_buy``
+(search with the instruction, open the first result, buy) and ``first_opts_buy`` (the same, selecting the options
+the instruction names before buying): what a policy that has learned the plan but not the comparisons scores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from dreamgym.types import Trajectory
+
+PHASES = ("no_search", "no_product", "wrong_product", "wrong_options", "no_buy", "success")
+
+
+def phase(traj: Trajectory, env: Any) -> str:
+    """The first phase of the oracle's plan ``traj`` misses (see the module docstring)."""
+    from dreamgym.envs.shop.reward import ShopGoal, satisfies
+
+    if traj.success:
+        return "success"
+    goal = ShopGoal.from_dict(traj.task.goal, traj.task.task_id)
+    instruction = " ".join(traj.task.instruction.split()).lower()
+    actions = [x.action.lower() for x in traj.transitions]
+    ids = {p.asin.lower(): p for p in env.catalog.products}
+    opened = [a[6:-1] for a in actions if a.startswith("click[") and a[6:-1] in ids]
+    first_open = next((i for i, a in enumerate(actions) if a.startswith("click[") and a[6:-1] in ids), len(actions))
+    if f"search[{instruction}]" not in actions[:first_open]:
+        return "no_search"
+    if not opened:
+        return "no_product"
+    product = ids[opened[-1]]
+    if not satisfies(goal, product):
+        return "wrong_product"
+    last = max(i for i, a in enumerate(actions) if a == f"click[{opened[-1]}]")
+    chosen = {a[6:-1] for a in actions[last + 1:] if a.startswith("click[")}
+    if not all(v.lower() in chosen for v in goal.options.values()):
+        return "wrong_options"
+    return "no_buy" if "click[buy now]" not in actions[last + 1:] else "wrong_options"
+
+
+class ScriptedFirst:
+    """Search with the instruction, open the first result, optionally select the options the instruction names
+    (an option value that occurs in the instruction's text), buy."""
+
+    def __init__(self, options: bool) -> None:
+        self.options, self.name = options, "first_opts_buy" if options else "first_buy"
+
+    def reset(self, env: Any, task: Any) -> None:
+        self.instruction = " ".join(task.instruction.split())
+        self.done: set[str] = set()
+
+    def act(self, obs: str, info: dict[str, Any]) -> str:
+        actions = list(info.get("admissible_actions") or [])
+        if any(a.startswith("search[") for a in actions) or "search[" in obs:
+            return f"search[{self.instruction}]"
+        items = [a for a in actions if a.startswith("click[b0")]
+        if "Buy Now" not in obs:
+            return items[0] if items else "click[back to search]"
+        if self.options:
+            for a in actions:
+                value = a[6:-1]
+                if a not in self.done and "option:" in obs and f" {value}" in f" {self.instruction.lower()}" \
+                        and f"={value}" in obs.lower() and value not in ("buy now", "< prev", "back to search"):
+                    self.done.add(a)
+                    return a
+        return "click[buy now]"
+
+
+def breakdown(trajs: list[Trajectory], env: Any) -> dict[str, Any]:
+    counts = Counter(phase(t, env) for t in trajs)
+    return {"episodes": len(trajs), "success": counts["success"] / len(trajs),
+            "mean_reward": sum(t.total_reward for t in trajs) / len(trajs),
+            "phases": {p: counts[p] for p in PHASES}}
+
+
+def main() -> None:
+    from dreamgym.agent.policy import load_policy
+    from dreamgym.collect import episode_tasks, run_episode
+    from dreamgym.envs import make
+    from dreamgym.envs.pool import env_factory
+    from dreamgym.rl.evaluate import run_eval_episodes
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="*", type=Path)
+    parser.add_argument("--split", choices=["val", "test"], default="val")
+    parser.add_argument("--episodes", type=int, default=200)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    env_kwargs = {"val_fraction": 0.1} if args.split == "val" else {}
+    env = make("shop", **env_kwargs)
+    out: dict[str, Any] = {"command": "python benchmarks/policy_diag.py " + " ".join(
+        [*map(str, args.runs), "--split", args.split, "--episodes", str(args.episodes)]), "rows": {}}
+    tasks = episode_tasks(env, args.split, args.episodes, 0)
+    for ref in (ScriptedFirst(False), ScriptedFirst(True)):
+        trajs = [run_episode(env, ref, t, seed=i, split=args.split) for i, t in enumerate(tasks)]
+        out["rows"][ref.name] = breakdown(trajs, env)
+        print(ref.name, json.dumps(out["rows"][ref.name]), flush=True)
+    for run in args.runs:
+        played = run_eval_episodes(load_policy(run), env_factory("shop", **env_kwargs), args.split, args.episodes,
+                                   seed=0, greedy=True, max_steps=15, num_envs=64)
+        out["rows"][str(run)] = breakdown([e.to_trajectory("llm") for e in played], env)
+        print(run, json.dumps(out["rows"][str(run)]), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
