@@ -24,8 +24,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/dreamgym demo $(DEMO_ARGS)
 
+# Test files run on TEST_WORKERS processes (pytest-xdist; a file's tests stay together, so module fixtures are
+# built once), each torch on one thread (tests/conftest.py). TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest tests $(TEST_ARGS)
+	$(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadfile $(TEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check dreamgym tests benchmarks

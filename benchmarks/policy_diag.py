@@ -15,9 +15,15 @@ product, select the task's options, buy) it misses:
 * ``no_buy``: a right product with the right options, never bought (ran out of steps);
 * ``success``.
 
-Beside each policy it prints the same breakdown for two scripted references on the same tasks: ``first_buy``
-(search with the instruction, open the first result, buy) and ``first_opts_buy`` (the same, selecting the options
-the instruction names before buying): what a policy that has learned the plan but not the comparisons scores.
+Beside each policy it prints the same breakdown for three scripted references on the same tasks: ``random``,
+``first_buy`` (search with the instruction, open the first result, buy) and ``first_opts_buy`` (the same, selecting
+the options the instruction names before buying): what a policy that has learned the plan but not the comparisons
+scores.
+
+``--option-data FILE`` (trajectories, e.g. the val noisy-oracle episodes) adds, per policy, how often it ranks the
+oracle's option first among an item page's options by the teacher-forced log-probability of each option's action
+(the oracle's option steps with two or more options), beside picking at random: whether the policy can match an
+option with the task's words at all, whatever greedy decoding then writes.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from dreamgym.types import Trajectory
+from dreamgym.types import Trajectory, read_trajectories
 
 PHASES = ("no_search", "no_product", "wrong_product", "wrong_options", "no_buy", "success")
 
@@ -87,6 +93,35 @@ class ScriptedFirst:
         return "click[buy now]"
 
 
+def option_ranking(policy: Any, trajs: list[Trajectory]) -> dict[str, float]:
+    """Teacher-forced: how often the oracle's option scores highest among the page's option actions."""
+    import torch
+
+    from dreamgym.agent.policy import build_agent_prompt, format_action_target
+    from dreamgym.baselines.sft import agent_observations
+    from dreamgym.sft import encode_prompt, encode_target
+
+    tok, model = policy.llm.tokenizer, policy.llm.model
+    hits = steps = 0
+    chance = 0.0
+    for traj in trajs:
+        for obs, x in zip(agent_observations(traj), traj.transitions, strict=True):
+            options = [a for a in obs.admissible_actions if f"={a[6:-1]}" in obs.state]  # click[v] for "name=v" lines
+            if x.info.get("detour") or x.action not in options or len(options) < 2:
+                continue
+            prompt = encode_prompt(tok, build_agent_prompt(obs, policy.cfg))
+            scores = []
+            for a in options:
+                target = encode_target(tok, format_action_target(a))
+                with torch.no_grad():
+                    logits = model(torch.tensor([prompt + target])).logits[0, len(prompt) - 1 : -1]
+                scores.append(float(torch.log_softmax(logits, -1).gather(1, torch.tensor(target)[:, None]).sum()))
+            hits += options[max(range(len(options)), key=scores.__getitem__)] == x.action
+            steps += 1
+            chance += 1 / len(options)
+    return {"option_steps": steps, "ranked_first": hits / max(steps, 1), "random_pick": chance / max(steps, 1)}
+
+
 def breakdown(trajs: list[Trajectory], env: Any) -> dict[str, Any]:
     counts = Counter(phase(t, env) for t in trajs)
     return {"episodes": len(trajs), "success": counts["success"] / len(trajs),
@@ -98,6 +133,7 @@ def main() -> None:
     from dreamgym.agent.policy import load_policy
     from dreamgym.collect import episode_tasks, run_episode
     from dreamgym.envs import make
+    from dreamgym.envs.base import RandomPolicy
     from dreamgym.envs.pool import env_factory
     from dreamgym.rl.evaluate import run_eval_episodes
 
@@ -105,21 +141,27 @@ def main() -> None:
     parser.add_argument("runs", nargs="*", type=Path)
     parser.add_argument("--split", choices=["val", "test"], default="val")
     parser.add_argument("--episodes", type=int, default=200)
+    parser.add_argument("--option-data", type=Path, default=None, help="trajectories for the option ranking")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     env_kwargs = {"val_fraction": 0.1} if args.split == "val" else {}
     env = make("shop", **env_kwargs)
     out: dict[str, Any] = {"command": "python benchmarks/policy_diag.py " + " ".join(
-        [*map(str, args.runs), "--split", args.split, "--episodes", str(args.episodes)]), "rows": {}}
+        [*map(str, args.runs), "--split", args.split, "--episodes", str(args.episodes),
+         *(["--option-data", str(args.option_data)] if args.option_data else [])]), "rows": {}}
     tasks = episode_tasks(env, args.split, args.episodes, 0)
-    for ref in (ScriptedFirst(False), ScriptedFirst(True)):
+    for ref in (RandomPolicy(seed=0), ScriptedFirst(False), ScriptedFirst(True)):
         trajs = [run_episode(env, ref, t, seed=i, split=args.split) for i, t in enumerate(tasks)]
         out["rows"][ref.name] = breakdown(trajs, env)
         print(ref.name, json.dumps(out["rows"][ref.name]), flush=True)
+    option_trajs = list(read_trajectories(args.option_data)) if args.option_data else []
     for run in args.runs:
-        played = run_eval_episodes(load_policy(run), env_factory("shop", **env_kwargs), args.split, args.episodes,
+        policy = load_policy(run)
+        played = run_eval_episodes(policy, env_factory("shop", **env_kwargs), args.split, args.episodes,
                                    seed=0, greedy=True, max_steps=15, num_envs=64)
         out["rows"][str(run)] = breakdown([e.to_trajectory("llm") for e in played], env)
+        if option_trajs:
+            out["rows"][str(run)]["option_ranking"] = option_ranking(policy, option_trajs)
         print(run, json.dumps(out["rows"][str(run)]), flush=True)
     if args.out:
         args.out.write_text(json.dumps(out, indent=1))

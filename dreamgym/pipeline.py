@@ -147,10 +147,11 @@ class DemoConfig(BaseModel):
     policy: dict[str, Any] = Field(default_factory=dict, description="PolicyConfig fields")
     sft: dict[str, Any] = Field(
         default_factory=lambda: {"epochs": 2, "max_steps": 210, "learning_rate": 3e-3, "batch_size": 32,
-                                 "time_budget_s": 14400, "num_threads": 1},
+                                 "max_length": 768, "time_budget_s": 14400, "num_threads": 1},
         description="SFTConfig fields of the policy's warm start, budgeted in steps (max_steps, else epochs): 210 "
         "steps is about what the former 600 s budget reached on 2 cores (~0.32 steps/s, "
-        "benchmarks/results/pretrained_base_policy.json); time_budget_s is only a safety cap "
+        "benchmarks/results/pretrained_base_policy.json); max_length 768 holds the shop's longest agent prompts "
+        "(627 tokens; at 512, 23% lost their start, the task); time_budget_s is only a safety cap "
         "(sft.json's time_cap_fired says whether it fired)")
     # RL: the settings that raised the real shop's success on 3 of 3 seeds (benchmarks/results/shop_rl.json)
     rl: dict[str, Any] = Field(default_factory=lambda: {"iterations": 16, "tasks_per_iter": 8, "group_size": 8,

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import warnings
 from typing import Any
+
+
+def pytest_configure(config: Any) -> None:
+    """Under pytest-xdist (``make test``), each worker's torch uses one thread: the workers share the cores."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
 
 
 def chromium_path() -> str | None:

@@ -26,10 +26,13 @@ def sft_cmd(
     history_window: int = typer.Option(3, help="previous actions shown in the agent prompt"),
     action_format: str = typer.Option("index", help="index: the policy answers an option number (the tiny CPU "
                                       "default) | text: it writes the action itself"),
+    answer_by_name: bool = typer.Option(False, help="index format: clone option and button clicks as their text, "
+                                        "ids and long actions as numbers (the shop demo's default)"),
     seed: int = typer.Option(0, help="model init and data order seed"),
     threads: int | None = typer.Option(None, help="torch CPU threads"),
 ) -> None:
-    """Behaviour cloning: SFT of the policy on every step of the successful trajectories in --data."""
+    """Behaviour cloning: SFT of the policy on every step of the successful trajectories in --data (a noisy
+    policy's random detours left out: they stay in the prompts' history, the oracle's steps are the labels)."""
     from dreamgym.agent.policy import PolicyConfig
     from dreamgym.baselines.sft import train_bc
     from dreamgym.sft import SFTConfig
@@ -38,7 +41,8 @@ def sft_cmd(
                         seed=seed, num_threads=threads)
     if action_format not in ("index", "text"):
         raise ValueError(f"--action-format {action_format!r}: index or text")
-    policy_cfg = PolicyConfig(history_window=history_window, action_format=action_format)  # type: ignore[arg-type]
+    policy_cfg = PolicyConfig(history_window=history_window, action_format=action_format,  # type: ignore[arg-type]
+                              answer_by_name=answer_by_name)
     summary = train_bc(data, model, out, sft_cfg, policy_cfg, vocab_size)
     keys = ("examples", "real_transitions", "epochs", "train_loss", "seconds")
     console.print(f"saved the behaviour-cloned policy to {out}")
