@@ -41,7 +41,7 @@ def target_tokens(trajs: list[Any]) -> dict[str, float]:
     return out
 
 
-def failures(trajs: list[Any], run: Path) -> dict[str, Any]:
+def failures(trajs: list[Any], run: Path, show: int = 0) -> dict[str, Any]:
     from dreamgym.experience.model import ExperienceModel
     from dreamgym.experience.protocol import ExperienceQuery, parse_output
     from dreamgym.experience.train import step_kinds
@@ -58,10 +58,14 @@ def failures(trajs: list[Any], run: Path) -> dict[str, Any]:
     by_reason: Counter[str] = Counter()
     by_page: dict[str, Counter[str]] = {}  # by the page type of the real next state
     outputs = model.llm.generate(prompts, params)
+    shown = 0
     for q, c, kind in zip(queries, outputs, step_kinds(trajs), strict=True):
         reason = parse_output(c.text, model.protocol, c.finish_reason == "length", query=q).reason or "ok"
         by_reason[reason] += 1
         by_page.setdefault(kind, Counter())[reason] += 1
+        if reason != "ok" and shown < show:  # the failing output itself, to stderr
+            shown += 1
+            print(f"--- {reason} (next page: {kind}; action {q.action})\n{c.text}", file=sys.stderr)
     return {"steps": len(queries), "by_reason": dict(by_reason.most_common()),
             "by_next_page": {k: dict(c.most_common()) for k, c in sorted(by_page.items())}}
 
@@ -72,6 +76,7 @@ def main() -> None:
     parser.add_argument("--trajectories", type=int, default=25)
     parser.add_argument("--model", type=Path, default=None, help="a train-exp run dir: greedy parse failures")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--show", type=int, default=0, help="print this many failing outputs (stderr)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     import torch
@@ -84,7 +89,7 @@ def main() -> None:
                               "trajectories": len(trajs), "target_tokens": target_tokens(trajs)}
     if args.model is not None:
         result["model"] = str(args.model)
-        result["greedy_parse"] = failures(trajs, args.model)
+        result["greedy_parse"] = failures(trajs, args.model, args.show)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out is not None:

@@ -57,6 +57,9 @@ def test_a_neighbours_next_state_is_pointed_at_by_line() -> None:
     q = query("[1] searchbox: search[your query]", "search[cotton sheets]", neighbour_next=RESULTS)
     ctx = ref_context(q, REFS)
     assert encode_refs(RESULTS, ctx) == "@n1:1-"
+    # a page sharing only some lines with the neighbour (its header) is written out, not started at line 4
+    other = "\n".join([*RESULTS.splitlines()[:3], "[4] link: B0OTHER1 — Another Item | $1.00"])
+    assert encode_refs(other, ctx) == other
     assert expand_refs("@n1:2-3", ctx) == "\n".join(RESULTS.splitlines()[1:3])
 
 

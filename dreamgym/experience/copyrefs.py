@@ -13,7 +13,10 @@ References (every literal ``@`` of the text is written ``@@``, so a reference ca
 
 * whole lines, alone on a line of the state block: ``@N`` / ``@N-M`` are lines N..M of the STATE (1-based line
   positions, not element ids) and ``@N-`` lines N to the last (so a model need not know the page's length);
-  ``@n1:N``, ``@n1:N-M``, ``@n1:N-`` the same of neighbour 1's next state (SIMILAR ``(1)``);
+  ``@n1:N``, ``@n1:N-M``, ``@n1:N-`` the same of neighbour 1's next state (SIMILAR ``(1)``). The encoder points
+  at the neighbour only for a whole page (``@n1:1-``, a next state equal to the neighbour's): a page that shares
+  a few lines with it (a results page's header) is written out, because a model that starts such a page at line
+  4 loses count of its lines (on val, 47 of 81 results pages ran past their last line until the token limit);
 * inline, anywhere in the state block or the reasoning: ``@T.i`` is the i-th part of the TARGET element's text
   (the part after ``type: ``; ``@T.0`` the whole text), ``@N.i`` the i-th part of STATE line N's element text,
   for parts with a digit (ids, prices, counts: what a page's layout does not predict; a button's label it does,
@@ -109,13 +112,14 @@ def encode_inline(text: str, ctx: RefContext) -> str:
 
 
 def encode_refs(state: str, ctx: RefContext) -> str:
-    """A next state in reference form: lines equal to a STATE line (else to a neighbour-1 line) become whole-line
-    references, consecutive ones merged into ranges; the other lines get inline references."""
+    """A next state in reference form: lines equal to a STATE line (else, when the whole page is neighbour 1's, to
+    its lines) become whole-line references, consecutive ones merged into ranges; the other lines get inline
+    references."""
     where: dict[str, str] = {}
     for n, line in enumerate(ctx.state_lines, start=1):
         where.setdefault(line, f"{n}")
-    if ctx.neighbour_lines:
-        for n, line in enumerate(ctx.neighbour_lines[0], start=1):
+    if ctx.neighbour_lines and tuple(line.strip() for line in state.strip().splitlines()) == ctx.neighbour_lines[0]:
+        for n, line in enumerate(ctx.neighbour_lines[0], start=1):  # the whole page only (module docstring)
             where.setdefault(line, f"n1:{n}")
     out: list[str] = []
     run: tuple[str, int, int] | None = None  # (source prefix, first, last) of the current range
