@@ -29,6 +29,7 @@ option with the task's words at all, whatever greedy decoding then writes.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from collections import Counter
 from pathlib import Path
@@ -37,6 +38,11 @@ from typing import Any
 from dreamgym.types import Trajectory, read_trajectories
 
 PHASES = ("no_search", "no_product", "wrong_product", "wrong_options", "no_buy", "success")
+
+
+@functools.lru_cache(maxsize=2)
+def products_by_id(catalog: Any) -> dict[str, Any]:
+    return {p.asin.lower(): p for p in catalog.products}
 
 
 def phase(traj: Trajectory, env: Any) -> str:
@@ -48,7 +54,7 @@ def phase(traj: Trajectory, env: Any) -> str:
     goal = ShopGoal.from_dict(traj.task.goal, traj.task.task_id)
     instruction = " ".join(traj.task.instruction.split()).lower()
     actions = [x.action.lower() for x in traj.transitions]
-    ids = {p.asin.lower(): p for p in env.catalog.products}
+    ids = products_by_id(env.catalog)
     opened = [a[6:-1] for a in actions if a.startswith("click[") and a[6:-1] in ids]
     first_open = next((i for i, a in enumerate(actions) if a.startswith("click[") and a[6:-1] in ids), len(actions))
     if f"search[{instruction}]" not in actions[:first_open]:

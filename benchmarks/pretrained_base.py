@@ -162,8 +162,7 @@ def run_policy(args: argparse.Namespace, init: str, seed: int, results: dict[str
                     max_length=args.policy_max_length,
                     time_budget_s=float(args.time_cap or args.budget), num_threads=args.threads, seed=seed, save_steps=100000)
     summary = (json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file()
-               else train_bc(args.train, model_path, run, sft, cfg, only_successful=not args.all_trajectories,
-                                 skip_detours=not args.keep_detours))
+               else train_bc(args.train, model_path, run, sft, cfg, skip_detours=not args.keep_detours))
     t0 = time.monotonic()
     # val needs the shop's val_fraction (0.1: the split the bench uses); test's tasks do not depend on it
     env_kwargs = {"val_fraction": 0.1} if args.eval_split == "val" else {}
@@ -278,8 +277,6 @@ def main() -> None:
                         help="policy: clone option and button clicks as their text (PolicyConfig.answer_by_name)")
     parser.add_argument("--keep-detours", action="store_true",
                         help="policy: clone a noisy policy's random detour steps too (as before detours were recorded)")
-    parser.add_argument("--all-trajectories", action="store_true",
-                        help="policy: clone the oracle steps of every trajectory, not only the successful ones")
     parser.add_argument("--policy-lr", type=float, default=2e-3, help="policy: BC learning rate (the base's pre-training one; not tuned)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

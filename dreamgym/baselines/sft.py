@@ -145,18 +145,17 @@ def train_bc(
     sft_cfg: SFTConfig,
     policy_cfg: PolicyConfig,
     vocab_size: int | None = None,
-    only_successful: bool = True,
     skip_detours: bool = True,
 ) -> dict[str, Any]:
-    """Behaviour-clone the successful trajectories of ``data_paths`` (every trajectory's oracle steps with
-    ``only_successful=False``: see :func:`bc_examples`) into a policy run dir; return the summary (also written
-    to ``out_run_dir/summary.json``). A rerun into the same dir resumes from its checkpoints."""
+    """Behaviour-clone the successful trajectories of ``data_paths`` (see :func:`bc_examples`) into a policy run
+    dir; return the summary (also written to ``out_run_dir/summary.json``). A rerun into the same dir resumes from
+    its checkpoints."""
     run = Path(out_run_dir)
     if (run / "summary.json").exists():
         raise ValueError(f"{run}: already holds a finished run (summary.json); choose another --out")
     started = time.monotonic()
     trajs = read_data(data_paths)
-    examples = bc_examples(trajs, policy_cfg, only_successful=only_successful, skip_detours=skip_detours)
+    examples = bc_examples(trajs, policy_cfg, skip_detours=skip_detours)
     if not examples:
         raise DataError(f"{', '.join(map(str, data_paths))}: no successful trajectories to clone")
     hf_model, tokenizer = init_model(model, trajs, examples, vocab_size, sft_cfg.seed)
@@ -179,7 +178,6 @@ def train_bc(
         "real_transitions": sum(t.num_steps for t in trajs),
         "trajectories": len(trajs),
         "successful_trajectories": sum(t.success for t in trajs),
-        "only_successful": only_successful,
         "skip_detours": skip_detours,
         "examples": len(examples),
         **stats,

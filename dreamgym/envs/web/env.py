@@ -47,6 +47,7 @@ from dreamgym.types import Task
 log = logging.getLogger(__name__)
 
 Checker = Callable[[Task, str, Any], float]  # (task, answer, playwright Page) -> reward in [0, 1]
+DEFAULT_MAX_STEPS = 15  # a browser episode's steps (the rule explainer reads it for records without max_steps)
 ACTION_RE = re.compile(r"^\s*(click|type|select|stop|go_back|goto)\s*(.*)$", re.IGNORECASE | re.DOTALL)
 ARGS_RE = re.compile(r"\[((?:[^\[\]]|\[[^\[\]]*\])*)\]")
 SESSION_RE = re.compile(r"/s/([0-9a-f]+)/")
@@ -104,7 +105,7 @@ class BrowserEnv(TextEnv):
         start_url: str | None = None,
         tasks: str | None = None,
         checker: Checker | None = None,
-        max_steps: int = 15,
+        max_steps: int = DEFAULT_MAX_STEPS,
         timeout_s: float = 10.0,
         action_timeout_s: float = 3.0,
         retries: int = 2,

@@ -33,8 +33,6 @@ trace from the recorded text and is counted (``replay_mismatch``, ``reward_misma
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import re
 from collections import Counter
@@ -55,7 +53,7 @@ from dreamgym.envs.shop.pages import ShopState, after_click, build_page
 from dreamgym.envs.shop.reward import ShopGoal
 from dreamgym.envs.shop.search import SearchEngine, search_engine
 from dreamgym.envs.web.axtree import AXElement
-from dreamgym.envs.web.env import parse_browser_action
+from dreamgym.envs.web.env import DEFAULT_MAX_STEPS, parse_browser_action
 from dreamgym.envs.web.site import ShopSiteConfig, click_target, page_title, state_from_url
 from dreamgym.types import Explanation, Trajectory, Transition
 
@@ -64,7 +62,6 @@ log = logging.getLogger(__name__)
 BID_RE = re.compile(r"^\[([^\]]*)\] ")
 VALUE_RE = re.compile(r' value="(.*)"$')
 SEARCH, SUBMIT = "\0search", "\0submit"  # the search page's box and button (no shop click of their own)
-DEFAULT_MAX_STEPS = 15  # BrowserEnv's
 
 
 @dataclass(frozen=True)
@@ -153,13 +150,6 @@ def _recorded(state: str) -> tuple[list[str], dict[str, int], str]:
 # ------------------------------------------------------------------------------------------ the site
 
 
-@functools.lru_cache(maxsize=4)
-def _model(config_json: str) -> SiteModel:
-    config = ShopSiteConfig.from_kwargs(json.loads(config_json))
-    return SiteModel(config, build_catalog(config.num_products, config.catalog_seed),
-                     search_engine(config.num_products, config.catalog_seed))
-
-
 def site_model(traj: Trajectory) -> SiteModel | None:
     """The shop site the trajectory was recorded on, or None when the record does not say it is ours."""
     site = traj.meta.get("site")
@@ -169,7 +159,10 @@ def site_model(traj: Trajectory) -> SiteModel | None:
             return None  # another site, or ours behind a start_url without the config recorded
         site = {k: v for k, v in kwargs.items() if k in ShopSiteConfig.__dataclass_fields__}
     try:
-        return _model(json.dumps(site, sort_keys=True))
+        config = ShopSiteConfig.from_kwargs(site)
+        # build_catalog and search_engine are cached by their arguments: a file of episodes builds them once
+        return SiteModel(config, build_catalog(config.num_products, config.catalog_seed),
+                         search_engine(config.num_products, config.catalog_seed))
     except (TypeError, ValueError) as e:
         log.warning("trajectory %s: cannot rebuild the shop site from %s: %s", traj.traj_id, site, e)
         return None
