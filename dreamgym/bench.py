@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dreamgym.pipeline import ROWS, DemoConfig, demo_config, parse_rows, run_demo
+from dreamgym.report import write_bench_report
 from dreamgym.stats import RESAMPLES, SEED, bootstrap_ci, paired_bootstrap_ci, sign_test
 
 DEFAULT_SEEDS = (0, 1, 2)
@@ -96,6 +97,16 @@ def random_baseline(cfg: DemoConfig, run: Path) -> dict[str, Any] | None:
     result = {**summarize(trajs).to_dict(), "per_task": per_task_results(trajs)}
     path.write_text(json.dumps(result, indent=1))
     return result
+
+
+def seed_facts(run: Path) -> dict[str, Any]:
+    """A seed's stage seconds (each stage's marker; their sum is the demo's length) and M_exp's held-out fidelity
+    (``table.json``), so that bench.json says how long a seed took and how faithful its dream was."""
+    seconds = {p.stem: json.loads(p.read_text()).get("stage_seconds") for p in sorted((run / "stages").glob("*.json"))
+               if not p.name.endswith(".started.json")}
+    table = json.loads((run / "table.json").read_text()) if (run / "table.json").exists() else {}
+    return {"stage_seconds": seconds, "total_seconds": round(sum(v for v in seconds.values() if v), 1),
+            "fidelity": table.get("fidelity")}
 
 
 def _series(values: list[float]) -> dict[str, Any]:
@@ -174,6 +185,9 @@ def write_markdown(path: Path, bench: dict[str, Any]) -> None:
               f"{bench['bootstrap_seed']}). `success - SFT`: paired on the same tasks (same seed, same seeded task "
               "order); sign test: two-sided exact binomial on the tasks where exactly one of the two succeeded. "
               "Real transitions: those RL consumed (offline data apart); transitions and seconds are means over seeds."]
+    if detail := bench.get("seeds_detail"):
+        lines += ["", "Each seed's demo, all stages: " + ", ".join(
+            f"{k} {v['total_seconds'] / 60:.1f} min" for k, v in detail.items()) + "."]
     base = bench.get("baseline")
     if base:
         lines += ["", f"Trivial baseline (a random policy on the same test tasks): success {_ci(base['success_rate'])}, "
@@ -210,6 +224,7 @@ def run_bench(env: str, seeds: Sequence[int], rows: Sequence[str], profile: str,
         "episodes_per_seed": cfgs[0].eval_episodes, "resamples": RESAMPLES, "bootstrap_seed": SEED,
         "rows": summarize_bench(runs, rows),
         "baseline": None,
+        "seeds_detail": {f"seed{s}": seed_facts(run) for s, run in runs.items()},
     }
     if len(baselines) == len(cfgs):
         bench["baseline"] = {
@@ -224,6 +239,7 @@ def run_bench(env: str, seeds: Sequence[int], rows: Sequence[str], profile: str,
     os.replace(tmp, out / "bench.json")
     write_markdown(out / "bench.md", bench)
     print_bench(bench)
+    Console().print(f"report: {write_bench_report(out)}")  # OUT/report.html: the table, CIs, per-seed curves
     return bench
 
 

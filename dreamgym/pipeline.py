@@ -134,29 +134,30 @@ class DemoConfig(BaseModel):
                                                                   "system_prompt": "", "history_window": 2,
                                                                   "ground_action": True, "copy_refs": True})
     exp_sft: dict[str, Any] = Field(
-        default_factory=lambda: {"epochs": 3, "max_steps": 540, "learning_rate": 2e-3, "batch_size": 16,
+        default_factory=lambda: {"epochs": 3, "max_steps": 150, "learning_rate": 2e-3, "batch_size": 16,
                                  "max_length": 768, "time_budget_s": 14400, "num_threads": 2},
         description="SFTConfig fields of M_exp's training, budgeted in steps (max_steps, else epochs) so that a seed "
-        "gives the same model on any machine. 540 steps is about the 0.53 epoch the former 900 s budget reached on "
-        "2 cores (~15 min); time_budget_s is only a safety cap (train_exp.json's time_cap_fired says whether it "
-        "cut the schedule short)")
+        "gives the same model on any machine. 150 steps of 16 (0.15 epoch, ~4.5 min on 2 cores) is the budget the "
+        "pre-trained base was measured at with copy references (click consistency 1.00; "
+        "benchmarks/results/pretrained_base_exp_refs_whole.json) and keeps the default demo near 30 min; "
+        "time_budget_s is only a safety cap (train_exp.json's time_cap_fired says whether it cut the schedule short)")
     exp_mixture: dict[str, float] | None = Field(default=None, description="examples per transition by the page "
                                                  "type of its next state (None = each once; the shop's EnvSpec gives one)")
     # policy: the same pre-trained base ("micro" is the former from-scratch default)
     policy_model: str = "pretrained"
     policy: dict[str, Any] = Field(default_factory=dict, description="PolicyConfig fields")
     sft: dict[str, Any] = Field(
-        default_factory=lambda: {"epochs": 2, "max_steps": 210, "learning_rate": 3e-3, "batch_size": 32,
-                                 "max_length": 768, "time_budget_s": 14400, "num_threads": 1},
-        description="SFTConfig fields of the policy's warm start, budgeted in steps (max_steps, else epochs): 210 "
-        "steps is about what the former 600 s budget reached on 2 cores (~0.32 steps/s, "
-        "benchmarks/results/pretrained_base_policy.json); max_length 768 holds the shop's longest agent prompts "
-        "(627 tokens; at 512, 23% lost their start, the task); time_budget_s is only a safety cap "
-        "(sft.json's time_cap_fired says whether it fired)")
+        default_factory=lambda: {"epochs": 2, "max_steps": 125, "learning_rate": 3e-3, "batch_size": 32,
+                                 "max_length": 768, "time_budget_s": 14400, "num_threads": 2},
+        description="SFTConfig fields of the policy's warm start, budgeted in steps (max_steps, else epochs): 125 "
+        "steps of 32, the budget behaviour cloning from the base was measured at (0.26 test success, 3 seeds; "
+        "benchmarks/results/pretrained_base_policy_byname.json; ~5 min on 2 cores); max_length 768 holds the shop's "
+        "longest agent prompts (627 tokens; at 512, 23% lost their start, the task); time_budget_s is only a "
+        "safety cap (sft.json's time_cap_fired says whether it fired)")
     # RL: the settings that raised the real shop's success on 3 of 3 seeds (benchmarks/results/shop_rl.json)
-    rl: dict[str, Any] = Field(default_factory=lambda: {"iterations": 16, "tasks_per_iter": 8, "group_size": 8,
+    rl: dict[str, Any] = Field(default_factory=lambda: {"iterations": 6, "tasks_per_iter": 8, "group_size": 8,
                                                         "lr": 1e-4, "normalize_std": False, "turn_weighting": "episode",
-                                                        "eval_every": 4, "num_threads": 2})
+                                                        "eval_every": 3, "num_threads": 2})
     dream: dict[str, Any] = Field(default_factory=dict, description="DreamConfig and CurriculumConfig fields")
     dream_iterations: int = 6
     s2r_share: float = Field(default=0.1, gt=0, le=1, description="S2R budget / GRPO-real's real transitions "

@@ -326,3 +326,136 @@ def write_report(run_dir: Path | str) -> Path:
     out = run / "report.html"
     out.write_text(page)
     return out
+
+
+# --- OUT/report.html of a `dreamgym bench` run: the table with CIs over seeds, then each seed's curves and fidelity
+
+
+def _bench_table(bench: dict[str, Any]) -> str:
+    rows = [r for r in bench.get("rows") or [] if isinstance(r, dict)]
+    cells = []
+    for r in rows:
+        vs = r.get("vs_sft") if isinstance(r.get("vs_sft"), dict) else None
+        diff = vs.get("diff") if vs else None
+        cells.append([_esc(r.get("method", "?")), _num(_mean(r.get("real_transitions"))),
+                      _num(_mean(r.get("synthetic_transitions"))), _num(r.get("success_rate")),
+                      _num(r.get("mean_reward")),
+                      (f"{diff['mean']:+.3f} <span class='muted'>[{diff['ci_low']:+.3f}, {diff['ci_high']:+.3f}]</span>"
+                       if isinstance(diff, dict) else "—"),
+                      _num(vs.get("sign_test_p")) if vs else "—", _num(_mean(r.get("seconds")))])
+    base = bench.get("baseline")
+    if isinstance(base, dict):
+        cells.append([f"<span class='muted'>trivial baseline ({_esc(base.get('policy', 'random'))} policy)</span>",
+                      "0", "0", _num(base.get("success_rate")), _num(base.get("mean_reward")), "—", "—", "—"])
+    return _table(["method", "real transitions (RL)", "synthetic transitions", "success [95% CI]",
+                   "mean reward [95% CI]", "success − SFT [95% CI]", "sign test p", "seconds"], cells)
+
+
+def _bench_forest(bench: dict[str, Any]) -> str:
+    """Each row's success with its 95% CI (and the difference from SFT beside it), one line per row."""
+    rows = [r for r in bench.get("rows") or [] if isinstance(r, dict) and isinstance(r.get("success_rate"), dict)]
+    if not rows:
+        return ""
+    plt = _plt()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 0.5 + 0.45 * len(rows)), squeeze=True)
+    ys = list(range(len(rows)))[::-1]
+    for ax, key in ((a, "success_rate"), (b, "diff")):
+        for y, r in zip(ys, rows, strict=True):
+            x = r.get("success_rate") if key == "success_rate" else (r.get("vs_sft") or {}).get("diff")
+            if not isinstance(x, dict):
+                continue
+            ax.errorbar([x["mean"]], [y], xerr=[[x["mean"] - x["ci_low"]], [x["ci_high"] - x["mean"]]], fmt="o",
+                        capsize=3)
+        ax.set_yticks(ys, [str(r.get("method", "?")) for r in rows])
+        ax.grid(alpha=0.3, axis="x")
+    base = bench.get("baseline")
+    if isinstance(base, dict) and _mean(base.get("success_rate")) is not None:
+        a.axvline(_mean(base["success_rate"]) or 0.0, color="grey", ls=":", label="random policy")
+        a.legend(fontsize="small")
+    b.axvline(0.0, color="grey", ls="--")
+    a.set_xlabel("test success [95% CI]")
+    b.set_xlabel("success − SFT, paired [95% CI]")
+    return _png(fig)
+
+
+def _bench_seeds(bench: dict[str, Any], out: Path) -> str:
+    """Per seed: each row's success (from the raw per-task results) and a link to the seed's own report."""
+    seeds = [int(s) for s in bench.get("seeds") or []]
+    rows = [r for r in bench.get("rows") or [] if isinstance(r, dict)]
+    header = ["seed", *[_esc(r.get("method", "?")) for r in rows], "fidelity (done acc / majority, invalid)",
+              "all stages (min)", "report"]
+    detail: dict[str, Any] = bench["seeds_detail"] if isinstance(bench.get("seeds_detail"), dict) else {}
+    cells = []
+    for s in seeds:
+        line = [_num(s)]
+        for r in rows:
+            tasks = (r.get("per_task") or {}).get(f"seed{s}") or []
+            line.append(_num(sum(float(t.get("success", 0)) for t in tasks) / len(tasks)) if tasks else "—")
+        table = _read_json(out / f"seed{s}" / "table.json")
+        fid = table.get("fidelity") if isinstance(table, dict) and isinstance(table.get("fidelity"), dict) else {}
+        line.append(f"{_num(fid.get('done_accuracy'))} / {_num(fid.get('done_majority_baseline'))}, "
+                    f"{_num(fid.get('invalid_output_rate'))}" if fid else "—")
+        total = _mean((detail.get(f"seed{s}") or {}).get("total_seconds"))
+        line.append(f"{total / 60:.1f}" if total is not None else "—")
+        seed_report = out / f"seed{s}" / "report.html"
+        line.append(f"<a href='seed{s}/report.html'>seed{s}/report.html</a>" if seed_report.exists() else "—")
+        cells.append(line)
+    return _table(header, cells)
+
+
+def _bench_curves(bench: dict[str, Any], out: Path) -> str:
+    """Eval success against real transitions (and wall-clock where logged) for every RL row, one line per seed."""
+    curves: list[tuple[str, int, list[dict[str, Any]]]] = []
+    for s in bench.get("seeds") or []:
+        for d, name in RL_ROWS.items():
+            pts = [r for r in _read_jsonl(out / f"seed{s}" / d / "metrics.jsonl") if r.get("eval_success") is not None]
+            if pts:
+                curves.append((name, int(s), pts))
+    if not curves:
+        return ""
+    plt = _plt()
+    with_wall = any("wall_s" in p for _, _, c in curves for p in c)
+    fig, axes = plt.subplots(1, 2 if with_wall else 1, figsize=(10 if with_wall else 6, 3.5), squeeze=False)
+    colors = {name: f"C{i}" for i, name in enumerate(RL_ROWS.values())}
+    for name, s, c in curves:
+        label = name if s == min(int(x) for x in bench["seeds"]) else None
+        axes[0][0].plot([p.get("real_transitions", 0) for p in c], [float(p["eval_success"]) for p in c], marker="o",
+                        color=colors[name], alpha=0.7, label=label)
+        if with_wall:
+            walled = [p for p in c if "wall_s" in p]
+            axes[0][1].plot([p["wall_s"] for p in walled], [float(p["eval_success"]) for p in walled], marker="o",
+                            color=colors[name], alpha=0.7, label=label)
+    axes[0][0].set_xlabel("real transitions")
+    axes[0][0].set_ylabel("eval success (real env)")
+    if with_wall:
+        axes[0][1].set_xlabel("wall-clock s")
+    for ax in axes[0]:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    return "<h2>Success during training (one line per seed)</h2>\n" + _png(fig)
+
+
+def write_bench_report(bench_dir: Path | str) -> Path:
+    """Write ``OUT/report.html`` for a ``dreamgym bench`` directory (its ``bench.json`` and ``seed<k>/`` run dirs);
+    returns its path. ValueError when ``bench.json`` is missing or unreadable."""
+    out = Path(bench_dir)
+    bench = _read_json(out / "bench.json")
+    if not isinstance(bench, dict) or not isinstance(bench.get("rows"), list):
+        raise ValueError(f"{out}: not a bench dir (no readable bench.json)")
+    seeds = ", ".join(str(s) for s in bench.get("seeds") or [])
+    parts = [f"<h1>DreamGym bench: {_esc(bench.get('env', '?'))} ({_esc(bench.get('profile', '?'))} profile), "
+             f"seeds {_esc(seeds)}</h1>",
+             f"<p><code>{_esc(bench.get('command', ''))}</code></p>",
+             f"<p>Means over {len(bench.get('seeds') or [])} seeds × {_num(bench.get('episodes_per_seed'))} test "
+             f"episodes each. 95% CIs: a bootstrap over seeds, then tasks within each seed "
+             f"({_num(bench.get('resamples'))} resamples). “success − SFT” is paired on the same tasks; the sign "
+             "test is two-sided and exact, on the tasks where exactly one of the two succeeded.</p>",
+             "<h2>Results</h2>", _bench_table(bench), _bench_forest(bench),
+             "<h2>Per seed</h2>", _bench_seeds(bench, out), _bench_curves(bench, out)]
+    body = "\n".join(p for p in parts if p)
+    page = (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><link rel='icon' href='data:,'><title>"
+            f"DreamGym bench: {_esc(out.resolve().name)}</title><style>{_CSS}</style></head>\n<body>\n{body}\n"
+            "</body></html>\n")
+    path = out / "report.html"
+    path.write_text(page)
+    return path

@@ -126,9 +126,16 @@ def test_micro_bench_two_seeds_end_to_end_and_resumes(tmp_path: Path) -> None:
         assert set(r["vs_sft"]) >= {"diff", "sign_test_p"} and 0 <= r["vs_sft"]["sign_test_p"] <= 1
         assert set(r["vs_sft"]["diff"]) == {"mean", "ci_low", "ci_high"}
     assert data["baseline"]["policy"] == "random"
+    for seed in ("seed0", "seed1"):  # how long each seed's demo took, stage by stage, and its M_exp's fidelity
+        detail = data["seeds_detail"][seed]
+        assert set(detail["stage_seconds"]) == {"collect", "annotate", "train_exp", "sft", "grpo_real", "dreamgym"}
+        assert detail["total_seconds"] == pytest.approx(sum(detail["stage_seconds"].values()), abs=0.2)
     md = (out / "bench.md").read_text()
     assert "| SFT |" in md and "DreamGym" in md and "random policy" in md
     assert "dreamgym bench on shop" in res.stdout  # the rich table (its title; the columns wrap at 80 chars)
+    page = (out / "report.html").read_text()  # the bench's report links each seed's own
+    assert "DreamGym bench: shop" in page and "<a href='seed1/report.html'>" in page and (out / "seed1" /
+                                                                                         "report.html").exists()
 
     # a rerun resumes: every stage of both seeds is reused from its marker, nothing is retrained
     markers = {p: p.stat().st_mtime_ns for p in out.glob("seed*/stages/*.json")}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import chromium_path
 
-from dreamgym.report import write_report
+from dreamgym.report import write_bench_report, write_report
 
 EVIL = "<script>alert('x')</script>"
 
@@ -103,6 +103,7 @@ def test_report_loads_in_headless_chromium(tmp_path: Path) -> None:
     if browser_path is None:
         pytest.skip("no system chromium on PATH (make install gets Debian's as root; apt-get install chromium)")
     path = write_report(fake_run(tmp_path / "run"))
+    bench_path = write_bench_report(fake_bench(tmp_path / "bench"))
     errors: list[str] = []
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])
@@ -114,7 +115,67 @@ def test_report_loads_in_headless_chromium(tmp_path: Path) -> None:
             assert page.title().startswith("DreamGym report")
             assert page.locator("img").count() >= 5
             shot = page.screenshot(full_page=True)
+            page.goto(bench_path.as_uri())
+            assert page.title().startswith("DreamGym bench")
+            assert page.locator("img").count() == 2
+            bench_shot = page.screenshot(full_page=True)
         finally:
             browser.close()
     assert errors == []
-    assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 1000
+    for png in (shot, bench_shot):
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+
+
+def fake_bench(out: Path) -> Path:
+    """A bench dir: bench.json over seeds 0 and 1 (SFT and one RL row), seed0 a full run dir, seed1 only metrics."""
+    out.mkdir()
+    fake_run(out / "seed0")
+    (out / "seed1" / "grpo_real").mkdir(parents=True)
+    (out / "seed1" / "grpo_real" / "metrics.jsonl").write_text(
+        json.dumps({"iteration": 1, "real_transitions": 30, "eval_success": 0.5}) + "\n")
+    tasks = {f"seed{s}": [{"episode": i, "task_id": i, "success": float(i < k), "reward": 0.5} for i in range(4)]
+             for s, k in ((0, 1), (1, 3))}  # SFT's successes: 1 of 4 on seed 0, 3 of 4 on seed 1
+    ci = {"mean": 0.5, "ci_low": 0.25, "ci_high": 0.75}
+    rows = [{"row": "sft", "method": "SFT", "real_transitions": {"per_seed": [0, 0], "mean": 0},
+             "synthetic_transitions": {"per_seed": [0, 0], "mean": 0}, "seconds": {"per_seed": [1, 3], "mean": 2},
+             "success_rate": ci, "mean_reward": ci, "per_task": tasks, "vs_sft": None},
+            {"row": "grpo_real", "method": "GRPO " + EVIL, "real_transitions": {"per_seed": [40, 60], "mean": 50},
+             "synthetic_transitions": {"per_seed": [0, 0], "mean": 0}, "seconds": {"per_seed": [5, 7], "mean": 6},
+             "success_rate": {"mean": 0.625, "ci_low": 0.375, "ci_high": 0.875}, "mean_reward": ci, "per_task": tasks,
+             "vs_sft": {"diff": {"mean": 0.125, "ci_low": -0.25, "ci_high": 0.5}, "sign_test_p": 0.625}}]
+    bench = {"command": "dreamgym bench --seeds 0,1", "env": "shop", "profile": "micro", "seeds": [0, 1],
+             "episodes_per_seed": 4, "resamples": 2000, "bootstrap_seed": 0, "rows": rows,
+             "baseline": {"policy": "random", "success_rate": {"mean": 0.0, "ci_low": 0.0, "ci_high": 0.0},
+                          "mean_reward": ci},
+             "seeds_detail": {"seed0": {"stage_seconds": {"sft": 100.0, "grpo_real": 20.0}, "total_seconds": 120.0}}}
+    (out / "bench.json").write_text(json.dumps(bench))
+    return out
+
+
+def test_bench_report_shows_the_table_seeds_and_curves(tmp_path: Path) -> None:
+    path = write_bench_report(fake_bench(tmp_path / "bench"))
+    assert path == tmp_path / "bench" / "report.html"
+    page = path.read_text()
+    for text in ("DreamGym bench: shop (micro profile), seeds 0, 1", "dreamgym bench --seeds 0,1",
+                 "0.625 <span class='muted'>[0.375, 0.875]</span>", "+0.125 <span class='muted'>[-0.250, +0.500]",
+                 "0.625", "trivial baseline (random policy)", "Per seed", "Success during training"):
+        assert text in page, text
+    # per-seed successes come from the raw per-task results: 1/4 on seed 0, 3/4 on seed 1
+    assert "<tr><td>0</td><td>0.250</td><td>0.250</td>" in page and "<tr><td>1</td><td>0.750</td>" in page
+    assert "<td>2.0</td>" in page  # seed 0's stages took 120 s in all; seed 1 has no detail
+    assert "<a href='seed0/report.html'>" not in page  # seed0's own report has not been written yet
+    assert page.count("data:image/png;base64,") == 2  # the CI plot and the curves
+    assert "<script" not in page and "GRPO &lt;script&gt;" in page
+    assert "http://" not in page and "https://" not in page
+    with pytest.raises(ValueError, match="not a bench dir"):
+        write_bench_report(tmp_path / "bench" / "seed1")
+
+
+def test_cli_report_of_a_bench_dir(tmp_path: Path) -> None:
+    out = fake_bench(tmp_path / "bench")
+    write_report(out / "seed0")
+    r = subprocess.run([sys.executable, "-m", "dreamgym", "report", str(out)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    page = (out / "report.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<a href='seed0/report.html'>" in page

@@ -153,7 +153,10 @@ class ExperienceModel:
         shorter, _ = fit_prompt(query, self.protocol, self.cfg.chat, lambda p: len(encode(p)), budget)
         if shorter is not None:
             self.shortened_prompts += 1
-            log.warning("experience model: prompt too long for the context (%d tokens); shortened", limit)
+            n = self.shortened_prompts
+            if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th, ...: counted every time, logged without flooding
+                log.warning("experience model: prompt too long for the context (%d tokens); shortened (%d so far)",
+                            limit, n)
         return shorter
 
     # ----------------------------------------------------------------------------------------- predict

@@ -1,0 +1,92 @@
+"""The wall-clock trade DreamGym exists for (issue 13, item 5): real steps that cost seconds, as on websites.
+
+On a finished bench seed (``dreamgym bench --out B``, here ``B/seed<k>``) this reruns the GRPO-real row from the
+same SFT policy with the same RL settings and seed, but with every real reset and step sleeping ``--latency`` s and
+at most ``--sessions`` at once (``RLConfig.real_latency_s`` / ``real_sessions``; WebArena-like: 1 s, 4 sessions).
+Its rollouts are those of the bench's row (same seed), so only the clock differs. Then it reads, for both rows,
+eval success against wall-clock and reports the wall-clock at which each first reaches GRPO-real's final success:
+
+- GRPO-real: its run's cumulative ``wall_s`` at each evaluation (latency paid, evaluation exempt);
+- DreamGym: M_exp's training time (the ``train_exp`` stage) plus the dream run's ``wall_s`` (the dream pays no
+  latency), and, separately, what collecting its offline data would cost at the same latency with the same
+  sessions (``(episodes + transitions) x latency / sessions``, a lower bound: perfect packing).
+
+    .venv/bin/python benchmarks/latency_trade.py --seed-dir runs/bench/seed0 --latency 1 --sessions 4
+
+Writes ``--out`` (default benchmarks/results/latency_trade.json, with the command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dreamgym.rl.trainer import RLConfig, train
+
+
+def curve(metrics: Path, offset: float = 0.0) -> list[dict[str, float]]:
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return [{"iteration": r["iteration"], "wall_s": offset + float(r["wall_s"]), "eval_success": float(r["eval_success"]),
+             "real_transitions": r.get("real_transitions", 0)} for r in rows if r.get("eval_success") is not None]
+
+
+def first_reaching(points: list[dict[str, float]], target: float) -> float | None:
+    return next((p["wall_s"] for p in points if p["eval_success"] >= target), None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed-dir", type=Path, required=True, help="a finished bench seed: B/seed<k>")
+    ap.add_argument("--latency", type=float, default=1.0, help="seconds per real reset and step")
+    ap.add_argument("--sessions", type=int, default=4, help="real sessions at once")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "latency_trade.json")
+    args = ap.parse_args()
+    seed_dir = args.seed_dir
+    demo = yaml.safe_load((seed_dir / "demo_config.yaml").read_text())
+    run = seed_dir / f"grpo_real_latency{args.latency:g}x{args.sessions}"
+    if not (run / "summary.json").exists():
+        cfg = RLConfig.model_validate({"max_steps": demo["max_steps"], **demo["rl"], "env": demo["env"],
+                                       "env_kwargs": demo["env_kwargs"], "seed": demo["seed"],
+                                       "eval_episodes": demo["eval_episodes"], "init": str(seed_dir / "sft"),
+                                       "real_latency_s": args.latency, "real_sessions": args.sessions})
+        train(cfg, run, resume=(run / "checkpoint").exists())
+    real = curve(run / "metrics.jsonl")
+    fast = curve(seed_dir / "grpo_real" / "metrics.jsonl")
+    exp_s = float(json.loads((seed_dir / "stages" / "train_exp.json").read_text())["stage_seconds"])
+    dream = curve(seed_dir / "dreamgym" / "metrics.jsonl", offset=exp_s)
+    collect = json.loads((seed_dir / "stages" / "collect.json").read_text())
+    offline_s = (collect["trajectories"] + collect["transitions"]) * args.latency / args.sessions
+    target = real[-1]["eval_success"]
+    summary = json.loads((run / "summary.json").read_text())
+    result: dict[str, Any] = {
+        "command": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
+        "seed_dir": str(seed_dir), "latency_s": args.latency, "sessions": args.sessions,
+        "grpo_real_final_success": target,
+        "grpo_real": {"curve": real, "real_transitions": summary["real_transitions"],
+                      "real_wait_s": summary["real_wait_s"], "wall_s": summary["wall_s"],
+                      "reaches_target_at_s": first_reaching(real, target),
+                      "same_successes_as_the_bench_row": [p["eval_success"] for p in real] ==
+                      [p["eval_success"] for p in fast]},
+        "dreamgym": {"curve": dream, "train_exp_s": exp_s, "reaches_target_at_s": first_reaching(dream, target),
+                     "final_success": dream[-1]["eval_success"] if dream else None},
+        "offline_data": {"trajectories": collect["trajectories"], "transitions": collect["transitions"],
+                         "collection_s_at_this_latency": offline_s},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"GRPO-real at {args.latency:g} s/step, {args.sessions} sessions: final success {target:.3f} after "
+          f"{summary['wall_s']:.0f} s ({summary['real_transitions']} real transitions, {summary['real_wait_s']:.0f} "
+          f"session-s of latency)")
+    at = result["dreamgym"]["reaches_target_at_s"]
+    print(f"DreamGym reaches it at {'never (final ' + format(dream[-1]['eval_success'], '.3f') + ')' if at is None else format(at, '.0f') + ' s'}"
+          f" (M_exp {exp_s:.0f} s + dream); its offline data would take >= {offline_s:.0f} s to collect at this latency")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""Choose an RL setting on the shop's val split (issue 13: settings are chosen on val, test is for final tables).
+
+Each value of ``--field`` trains from the same SFT policy with the demo's RL settings (``DemoConfig().rl``) and the
+same seed, on the shop's train split with ``val_fraction=0.1``, and is evaluated greedily on ``--eval-episodes``
+val tasks: the same tasks for every value of a seed, so the values pair task by task with the first one.
+
+    # where GRPO's invalid-action penalty goes (item 8): episode (in the return, shared by the episode's turns)
+    # or step (on the invalid turn's own advantage, as verl-agent does)
+    .venv/bin/python benchmarks/rl_val.py --init runs/bench/seed0/sft --field invalid_penalty_mode \
+        --values episode step --seeds 0 1 2 --out benchmarks/results/rl_val_invalid_penalty.json
+    .venv/bin/python benchmarks/rl_val.py --init runs/bench/seed0/sft --field lr --values 1e-4 1e-3 3e-3 \
+        --seeds 0 --out benchmarks/results/rl_val_lr.json
+
+Writes ``--out`` (with the command): per value the val success and mean reward (mean with a 95% bootstrap CI over
+seeds, then tasks) and the difference from the first value, paired on the same tasks, with its CI and the sign
+test. Each run is cached in ``--work/<field>=<value>-s<seed>`` (its summary.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dreamgym.pipeline import DemoConfig
+from dreamgym.rl.trainer import RLConfig, train
+from dreamgym.stats import bootstrap_ci, paired_bootstrap_ci, sign_test
+
+
+def run(args: argparse.Namespace, value: Any, seed: int) -> list[dict[str, Any]]:
+    out = args.work / f"{args.field}={value}-s{seed}"
+    if not (out / "summary.json").exists():
+        cfg = RLConfig.model_validate({**DemoConfig().rl, "env": "shop", "env_kwargs": {"val_fraction": 0.1},
+                                       "init": str(args.init), "seed": seed, "iterations": args.iterations,
+                                       "eval_split": "val", "eval_episodes": args.eval_episodes, "eval_every": 0,
+                                       args.field: value})
+        train(cfg, out, resume=(out / "checkpoint").exists())
+    return list(json.loads((out / "eval_tasks.json").read_text())["per_task"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--init", type=Path, required=True, help="the SFT policy every run starts from")
+    ap.add_argument("--field", required=True, help="an RLConfig field")
+    ap.add_argument("--values", nargs="+", required=True, help="its values (YAML scalars); the first is the reference")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--iterations", type=int, default=DemoConfig().rl["iterations"])
+    ap.add_argument("--eval-episodes", type=int, default=200)
+    ap.add_argument("--work", type=Path, default=Path("runs/rl_val"))
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    if args.field not in RLConfig.model_fields:
+        raise SystemExit(f"error: unknown RLConfig field {args.field!r}")
+    values = [yaml.safe_load(v) for v in args.values]
+    per = {str(v): [run(args, v, s) for s in args.seeds] for v in values}
+    ref = str(values[0])
+
+    def col(v: str, key: str) -> list[list[float]]:
+        return [[float(t[key]) for t in tasks] for tasks in per[v]]
+
+    for v in per:
+        if [[t["task_id"] for t in ts] for ts in per[v]] != [[t["task_id"] for t in ts] for ts in per[ref]]:
+            raise SystemExit(f"error: {args.field}={v} was evaluated on other val tasks than {args.field}={ref}")
+    result: dict[str, Any] = {
+        "command": shlex.join(["python", *sys.argv]), "init": str(args.init), "field": args.field,
+        "seeds": args.seeds, "iterations": args.iterations, "split": "val", "eval_episodes": args.eval_episodes,
+        "env_kwargs": {"val_fraction": 0.1}, "rl": DemoConfig().rl, "reference": ref, "values": {},
+    }
+    for v in per:
+        entry: dict[str, Any] = {"success_rate": bootstrap_ci(col(v, "success")),
+                                 "mean_reward": bootstrap_ci(col(v, "reward")),
+                                 "success_per_seed": [sum(s) / len(s) for s in col(v, "success")]}
+        if v != ref:
+            entry["vs_reference"] = {
+                "success": paired_bootstrap_ci(col(v, "success"), col(ref, "success")),
+                "mean_reward": paired_bootstrap_ci(col(v, "reward"), col(ref, "reward")),
+                "success_sign_test_p": sign_test([x for s in col(v, "success") for x in s],
+                                                 [x for s in col(ref, "success") for x in s])["p"]}
+        result["values"][v] = entry
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    for v, e in result["values"].items():
+        s, r = e["success_rate"], e["mean_reward"]
+        line = (f"{args.field}={v:10s} val success {s['mean']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}]  "
+                f"mean reward {r['mean']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]")
+        if "vs_reference" in e:
+            d, dr = e["vs_reference"]["success"], e["vs_reference"]["mean_reward"]
+            line += (f"  vs {ref}: success {d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}], reward "
+                     f"{dr['mean']:+.3f} [{dr['ci_low']:+.3f}, {dr['ci_high']:+.3f}]")
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
