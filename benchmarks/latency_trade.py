@@ -4,7 +4,7 @@ On a finished bench seed (``dreamgym bench --out B``, here ``B/seed<k>``) this r
 same SFT policy with the same RL settings and seed, but with every real reset and step sleeping ``--latency`` s and
 at most ``--sessions`` at once (``RLConfig.real_latency_s`` / ``real_sessions``; WebArena-like: 1 s, 4 sessions).
 Its rollouts are those of the bench's row (same seed), so only the clock differs. Then it reads, for both rows,
-eval success against wall-clock and reports the wall-clock at which each first reaches GRPO-real's final success:
+eval success against wall-clock (the start's evaluation at 0 s) and reports the wall-clock at which each first reaches GRPO-real's final success:
 
 - GRPO-real: its run's cumulative ``wall_s`` at each evaluation (latency paid, evaluation exempt);
 - DreamGym: M_exp's training time (the ``train_exp`` stage) plus the dream run's ``wall_s`` (the dream pays no
@@ -30,10 +30,14 @@ import yaml
 from dreamgym.rl.trainer import RLConfig, train
 
 
-def curve(metrics: Path, offset: float = 0.0) -> list[dict[str, float]]:
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    return [{"iteration": r["iteration"], "wall_s": offset + float(r["wall_s"]), "eval_success": float(r["eval_success"]),
-             "real_transitions": r.get("real_transitions", 0)} for r in rows if r.get("eval_success") is not None]
+def curve(run: Path, offset: float = 0.0) -> list[dict[str, float]]:
+    """Every evaluation of an RL run (summary.json's ``evals``, the start's included, at wall-clock 0) with the
+    run's cumulative wall-clock at it (metrics.jsonl), shifted by ``offset``."""
+    wall = {r["iteration"]: float(r["wall_s"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    evals = json.loads((run / "summary.json").read_text())["evals"]
+    return [{"iteration": e["iteration"], "wall_s": offset + wall.get(e["iteration"], 0.0),
+             "eval_success": float(e["success_rate"]), "eval_reward": float(e["mean_reward"]),
+             "real_transitions": e.get("real_transitions", 0)} for e in evals]
 
 
 def first_reaching(points: list[dict[str, float]], target: float) -> float | None:
@@ -56,10 +60,10 @@ def main() -> None:
                                        "eval_episodes": demo["eval_episodes"], "init": str(seed_dir / "sft"),
                                        "real_latency_s": args.latency, "real_sessions": args.sessions})
         train(cfg, run, resume=(run / "checkpoint").exists())
-    real = curve(run / "metrics.jsonl")
-    fast = curve(seed_dir / "grpo_real" / "metrics.jsonl")
+    real = curve(run)
+    fast = curve(seed_dir / "grpo_real")
     exp_s = float(json.loads((seed_dir / "stages" / "train_exp.json").read_text())["stage_seconds"])
-    dream = curve(seed_dir / "dreamgym" / "metrics.jsonl", offset=exp_s)
+    dream = curve(seed_dir / "dreamgym", offset=exp_s)
     collect = json.loads((seed_dir / "stages" / "collect.json").read_text())
     offline_s = (collect["trajectories"] + collect["transitions"]) * args.latency / args.sessions
     target = real[-1]["eval_success"]
@@ -71,8 +75,9 @@ def main() -> None:
         "grpo_real": {"curve": real, "real_transitions": summary["real_transitions"],
                       "real_wait_s": summary["real_wait_s"], "wall_s": summary["wall_s"],
                       "reaches_target_at_s": first_reaching(real, target),
-                      "same_successes_as_the_bench_row": [p["eval_success"] for p in real] ==
-                      [p["eval_success"] for p in fast]},
+                      # the same seed and settings as the bench's row: only the clock may differ
+                      "same_evaluations_as_the_bench_row": [(p["eval_success"], p["eval_reward"]) for p in real] ==
+                      [(p["eval_success"], p["eval_reward"]) for p in fast]},
         "dreamgym": {"curve": dream, "train_exp_s": exp_s, "reaches_target_at_s": first_reaching(dream, target),
                      "final_success": dream[-1]["eval_success"] if dream else None},
         "offline_data": {"trajectories": collect["trajectories"], "transitions": collect["transitions"],

@@ -189,6 +189,28 @@ def _wm2real_section(w: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _curves_png(lines: list[tuple[str | None, str | None, list[dict[str, Any]]]]) -> str:
+    """Eval success against real transitions, and against wall-clock where any point has ``wall_s``; one line per
+    ``(label, colour, points)``."""
+    plt = _plt()
+    with_wall = any("wall_s" in p for _, _, c in lines for p in c)
+    fig, axes = plt.subplots(1, 2 if with_wall else 1, figsize=(10 if with_wall else 6, 3.5), squeeze=False)
+    for label, color, c in lines:
+        style = {"marker": "o", "label": label, **({"color": color, "alpha": 0.7} if color else {})}
+        axes[0][0].plot([p.get("real_transitions", 0) for p in c], [float(p["eval_success"]) for p in c], **style)
+        if with_wall:
+            walled = [p for p in c if "wall_s" in p]
+            axes[0][1].plot([p["wall_s"] for p in walled], [float(p["eval_success"]) for p in walled], **style)
+    axes[0][0].set_xlabel("real transitions")
+    axes[0][0].set_ylabel("eval success (real env)")
+    if with_wall:
+        axes[0][1].set_xlabel("wall-clock s")
+    for ax in axes[0]:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    return _png(fig)
+
+
 def _training_section(run: Path) -> str:
     metrics = {d: _read_jsonl(run / d / "metrics.jsonl") for d in RL_ROWS}
     metrics = {d: m for d, m in metrics.items() if m}
@@ -199,25 +221,8 @@ def _training_section(run: Path) -> str:
     curves = {d: [r for r in m if r.get("eval_success") is not None] for d, m in metrics.items()}
     if any(curves.values()):
         with_wall = any("wall_s" in r for c in curves.values() for r in c)
-        fig, axes = plt.subplots(1, 2 if with_wall else 1, figsize=(10 if with_wall else 6, 3.5), squeeze=False)
-        for d, c in curves.items():
-            if not c:
-                continue
-            ys = [float(r["eval_success"]) for r in c]
-            axes[0][0].plot([r.get("real_transitions", 0) for r in c], ys, marker="o", label=RL_ROWS[d])
-            if with_wall:
-                walled = [r for r in c if "wall_s" in r]
-                axes[0][1].plot([r["wall_s"] for r in walled], [float(r["eval_success"]) for r in walled],
-                                marker="o", label=RL_ROWS[d])
-        axes[0][0].set_xlabel("real transitions")
-        axes[0][0].set_ylabel("eval success (real env)")
-        if with_wall:
-            axes[0][1].set_xlabel("wall-clock s")
-        for ax in axes[0]:
-            ax.grid(alpha=0.3)
-            ax.legend()
         out.append("<h3>Success vs real transitions" + (" and wall-clock" if with_wall else "") + "</h3>")
-        out.append(_png(fig))
+        out.append(_curves_png([(RL_ROWS[d], None, c) for d, c in curves.items() if c]))
     else:
         out.append("<p class='muted'>no evaluations in the RL rows' metrics yet</p>")
     for d, m in metrics.items():
@@ -413,26 +418,10 @@ def _bench_curves(bench: dict[str, Any], out: Path) -> str:
                 curves.append((name, int(s), pts))
     if not curves:
         return ""
-    plt = _plt()
-    with_wall = any("wall_s" in p for _, _, c in curves for p in c)
-    fig, axes = plt.subplots(1, 2 if with_wall else 1, figsize=(10 if with_wall else 6, 3.5), squeeze=False)
     colors = {name: f"C{i}" for i, name in enumerate(RL_ROWS.values())}
-    for name, s, c in curves:
-        label = name if s == min(int(x) for x in bench["seeds"]) else None
-        axes[0][0].plot([p.get("real_transitions", 0) for p in c], [float(p["eval_success"]) for p in c], marker="o",
-                        color=colors[name], alpha=0.7, label=label)
-        if with_wall:
-            walled = [p for p in c if "wall_s" in p]
-            axes[0][1].plot([p["wall_s"] for p in walled], [float(p["eval_success"]) for p in walled], marker="o",
-                            color=colors[name], alpha=0.7, label=label)
-    axes[0][0].set_xlabel("real transitions")
-    axes[0][0].set_ylabel("eval success (real env)")
-    if with_wall:
-        axes[0][1].set_xlabel("wall-clock s")
-    for ax in axes[0]:
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    return "<h2>Success during training (one line per seed)</h2>\n" + _png(fig)
+    first = min(s for _, s, _ in curves)  # one legend entry per row
+    return "<h2>Success during training (one line per seed)</h2>\n" + _curves_png(
+        [(name if s == first else None, colors[name], c) for name, s, c in curves])
 
 
 def write_bench_report(bench_dir: Path | str) -> Path:
