@@ -3,7 +3,7 @@ under the oracle, noisy and random policies, measured side by side in one run.
 
     .venv/bin/python benchmarks/bench_shop.py [--sizes 1000,100000] [--episodes 300]
 
-Prints a table and writes benchmarks/results/bench_shop.json (with the command that produced it).
+Prints a table and writes benchmarks/results/bench_shop_env.json (with the command that produced it).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 from dreamgym.collect import iter_episodes, summarize
 from dreamgym.envs.shop import SearchEngine, ShopEnv, build_catalog, build_tasks
 
-RESULTS = Path(__file__).parent / "results" / "bench_shop.json"
+RESULTS = Path(__file__).parent / "results" / "bench_shop_env.json"
 
 
 def bench_build(num_products: int) -> dict[str, Any]:

@@ -336,18 +336,23 @@ def write_report(run_dir: Path | str) -> Path:
 # --- OUT/report.html of a `dreamgym bench` run: the table with CIs over seeds, then each seed's curves and fidelity
 
 
+def _whole(x: float | None) -> str:
+    """A count or seconds averaged over seeds, to the unit."""
+    return "—" if x is None else f"{x:,.0f}"
+
+
 def _bench_table(bench: dict[str, Any]) -> str:
     rows = [r for r in bench.get("rows") or [] if isinstance(r, dict)]
     cells = []
     for r in rows:
         vs = r.get("vs_sft") if isinstance(r.get("vs_sft"), dict) else None
         diff = vs.get("diff") if vs else None
-        cells.append([_esc(r.get("method", "?")), _num(_mean(r.get("real_transitions"))),
-                      _num(_mean(r.get("synthetic_transitions"))), _num(r.get("success_rate")),
+        real, synthetic, seconds = (_mean(r.get(k)) for k in ("real_transitions", "synthetic_transitions", "seconds"))
+        cells.append([_esc(r.get("method", "?")), _whole(real), _whole(synthetic), _num(r.get("success_rate")),
                       _num(r.get("mean_reward")),
                       (f"{diff['mean']:+.3f} <span class='muted'>[{diff['ci_low']:+.3f}, {diff['ci_high']:+.3f}]</span>"
                        if isinstance(diff, dict) else "—"),
-                      _num(vs.get("sign_test_p")) if vs else "—", _num(_mean(r.get("seconds")))])
+                      _num(vs.get("sign_test_p")) if vs else "—", _whole(seconds)])
     base = bench.get("baseline")
     if isinstance(base, dict):
         cells.append([f"<span class='muted'>trivial baseline ({_esc(base.get('policy', 'random'))} policy)</span>",
