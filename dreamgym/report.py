@@ -389,7 +389,8 @@ def _bench_forest(bench: dict[str, Any]) -> str:
 
 
 def _bench_seeds(bench: dict[str, Any], out: Path) -> str:
-    """Per seed: each row's success (from the raw per-task results) and a link to the seed's own report."""
+    """Per seed: each row's success (from the raw per-task results), the seed's fidelity and minutes (bench.json's
+    ``seeds_detail``) and a link to the seed's own report."""
     seeds = [int(s) for s in bench.get("seeds") or []]
     rows = [r for r in bench.get("rows") or [] if isinstance(r, dict)]
     header = ["seed", *[_esc(r.get("method", "?")) for r in rows], "fidelity (done acc / majority, invalid)",
@@ -401,11 +402,11 @@ def _bench_seeds(bench: dict[str, Any], out: Path) -> str:
         for r in rows:
             tasks = (r.get("per_task") or {}).get(f"seed{s}") or []
             line.append(_num(sum(float(t.get("success", 0)) for t in tasks) / len(tasks)) if tasks else "—")
-        table = _read_json(out / f"seed{s}" / "table.json")
-        fid = table.get("fidelity") if isinstance(table, dict) and isinstance(table.get("fidelity"), dict) else {}
+        facts: dict[str, Any] = detail.get(f"seed{s}") or {}
+        fid: dict[str, Any] = facts.get("fidelity") or {}
         line.append(f"{_num(fid.get('done_accuracy'))} / {_num(fid.get('done_majority_baseline'))}, "
                     f"{_num(fid.get('invalid_output_rate'))}" if fid else "—")
-        total = _mean((detail.get(f"seed{s}") or {}).get("total_seconds"))
+        total = _mean(facts.get("total_seconds"))
         line.append(f"{total / 60:.1f}" if total is not None else "—")
         seed_report = out / f"seed{s}" / "report.html"
         line.append(f"<a href='seed{s}/report.html'>seed{s}/report.html</a>" if seed_report.exists() else "—")
@@ -415,18 +416,21 @@ def _bench_seeds(bench: dict[str, Any], out: Path) -> str:
 
 def _bench_curves(bench: dict[str, Any], out: Path) -> str:
     """Eval success against real transitions (and wall-clock where logged) for every RL row, one line per seed."""
-    curves: list[tuple[str, int, list[dict[str, Any]]]] = []
+    curves: list[tuple[str, list[dict[str, Any]]]] = []
     for s in bench.get("seeds") or []:
         for d, name in RL_ROWS.items():
             pts = [r for r in _read_jsonl(out / f"seed{s}" / d / "metrics.jsonl") if r.get("eval_success") is not None]
             if pts:
-                curves.append((name, int(s), pts))
+                curves.append((name, pts))
     if not curves:
         return ""
     colors = {name: f"C{i}" for i, name in enumerate(RL_ROWS.values())}
-    first = min(s for _, s, _ in curves)  # one legend entry per row
-    return "<h2>Success during training (one line per seed)</h2>\n" + _curves_png(
-        [(name if s == first else None, colors[name], c) for name, s, c in curves])
+    labelled: set[str] = set()  # one legend entry per row, on its first seed's line
+    lines: list[tuple[str | None, str | None, list[dict[str, Any]]]] = []
+    for name, c in curves:
+        lines.append((None if name in labelled else name, colors[name], c))
+        labelled.add(name)
+    return "<h2>Success during training (one line per seed)</h2>\n" + _curves_png(lines)
 
 
 def write_bench_report(bench_dir: Path | str) -> Path:

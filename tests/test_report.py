@@ -147,7 +147,9 @@ def fake_bench(out: Path) -> Path:
              "episodes_per_seed": 4, "resamples": 2000, "bootstrap_seed": 0, "rows": rows,
              "baseline": {"policy": "random", "success_rate": {"mean": 0.0, "ci_low": 0.0, "ci_high": 0.0},
                           "mean_reward": ci},
-             "seeds_detail": {"seed0": {"stage_seconds": {"sft": 100.0, "grpo_real": 20.0}, "total_seconds": 120.0}}}
+             "seeds_detail": {"seed0": {"stage_seconds": {"sft": 100.0, "grpo_real": 20.0}, "total_seconds": 120.0,
+                                        "fidelity": {"done_accuracy": 0.945, "done_majority_baseline": 0.931,
+                                                     "invalid_output_rate": 0.036}}}}
     (out / "bench.json").write_text(json.dumps(bench))
     return out
 
@@ -163,6 +165,7 @@ def test_bench_report_shows_the_table_seeds_and_curves(tmp_path: Path) -> None:
     # per-seed successes come from the raw per-task results: 1/4 on seed 0, 3/4 on seed 1
     assert "<tr><td>0</td><td>0.250</td><td>0.250</td>" in page and "<tr><td>1</td><td>0.750</td>" in page
     assert "<td>2.0</td>" in page  # seed 0's stages took 120 s in all; seed 1 has no detail
+    assert "<td>0.945 / 0.931, 0.036</td>" in page  # seed 0's fidelity, from bench.json's seeds_detail
     assert "<a href='seed0/report.html'>" not in page  # seed0's own report has not been written yet
     assert page.count("data:image/png;base64,") == 2  # the CI plot and the curves
     assert "<script" not in page and "GRPO &lt;script&gt;" in page
