@@ -43,6 +43,7 @@ ENV_DEFAULTS: dict[str, Any] = {
     "policy": {"action_format": "index", "offer_task_search": False},
     "dream": {"task_generator": "none", "synthetic_share": 0.0},
     "exp_mixture": None,
+    "extra_behaviour": [],
 }
 
 
@@ -93,6 +94,19 @@ def parse_rows(rows: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
+class Behaviour(BaseModel):
+    """More offline episodes for the experience model from a noisier behaviour policy (the env's noisy oracle at
+    ``noise``; see :attr:`DemoConfig.extra_behaviour`), ``share`` x ``offline_episodes`` of them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    share: float = Field(gt=0, le=10, description="episodes, as a share of offline_episodes")
+    noise: float = Field(ge=0, le=1, description="the noisy oracle's random-step rate")
+
+    def episodes(self, offline_episodes: int) -> int:
+        return max(1, round(self.share * offline_episodes))
+
+
 class DemoConfig(BaseModel):
     """All the demo's knobs; ``PROFILES`` holds the presets (``--profile``), ``--config``/``--set`` override fields.
     ``env_kwargs``, ``policy``, ``dream`` and ``exp_mixture`` default per env (:func:`env_defaults`); dict fields
@@ -115,6 +129,10 @@ class DemoConfig(BaseModel):
     annotator_llm: dict[str, Any] | None = Field(default=None, description="the teacher's LLMConfig fields "
                                                  "(annotator llm)")
     noise: float = 0.3
+    extra_behaviour: list[Behaviour] = Field(default_factory=list, description="more offline episodes from "
+        "noisier behaviour policies, for the experience model (and its replay buffer) only: the failures a policy in "
+        "training makes, which mostly-right offline data barely shows (the policy's SFT clones offline.jsonl alone); "
+        "not collected when offline_file is given. The env's EnvSpec may give a default (the shop's: one at noise 0.8)")
     eval_episodes: int = 200
     max_steps: int = Field(default=15, ge=1, description="SFT evaluation episode length (RL: rl.max_steps)")
     eval_num_envs: int = Field(default=64, ge=1, description="env instances of the SFT evaluation (a JVM each "
@@ -182,7 +200,7 @@ class DemoConfig(BaseModel):
 PROFILES: dict[str, dict[str, Any]] = {
     "default": {},
     "micro": {
-        "env_kwargs": {"num_products": 100}, "offline_episodes": 60, "eval_episodes": 20, "heldout_episodes": 4,
+        "offline_episodes": 60, "eval_episodes": 20, "heldout_episodes": 4,
         "exp_model": "micro", "exp_sft": {"epochs": 1, "learning_rate": 3e-3, "batch_size": 16, "num_threads": 2},
         "policy_model": "micro", "sft": {"epochs": 2, "learning_rate": 3e-3, "batch_size": 16, "num_threads": 2},
         "rl": {"iterations": 2, "tasks_per_iter": 2, "group_size": 2, "eval_every": 0, "num_threads": 2,
@@ -193,6 +211,16 @@ PROFILES: dict[str, dict[str, Any]] = {
         # and the S2R budget is strict (never exceeded), so the micro S2R may use as many as GRPO did
         "s2r_share": 1.0,
     },
+}
+
+
+# A profile's fields for the shop only (the env they were measured on), over PROFILES': its catalog size, and on the
+# micro profile a policy cloned from the shipped base (40 steps of 16, ~2 epochs of the 60 episodes' steps), where
+# the micro model's success was 0 in every row
+SHOP_PROFILES: dict[str, dict[str, Any]] = {
+    "micro": {"env_kwargs": {"num_products": 100}, "policy_model": "pretrained",
+              "sft": {"epochs": 5, "max_steps": 40, "learning_rate": 3e-3, "batch_size": 16, "max_length": 768,
+                      "num_threads": 2}},
 }
 
 
@@ -208,9 +236,7 @@ def demo_config(profile: str, overrides: dict[str, Any] | None = None, config: P
     given = {**from_file, **(overrides or {})}
     env = str(given.get("env", "shop"))
     defaults = env_defaults(env)
-    profile_fields = dict(PROFILES[profile])
-    if env != "shop":  # a profile's env_kwargs are the shop's (its catalog size)
-        profile_fields.pop("env_kwargs", None)
+    profile_fields = {**PROFILES[profile], **(SHOP_PROFILES.get(profile, {}) if env == "shop" else {})}
     for key in ("dream", "policy"):  # a profile's sizes go over the env's defaults of these fields
         if key in profile_fields:
             profile_fields[key] = {**defaults[key], **profile_fields[key]}
@@ -236,7 +262,8 @@ class Stage(NamedTuple):
 # is in that stage's key already.
 STAGES: dict[str, Stage] = {
     "collect": Stage("collect offline data", ("env", "env_kwargs", "seed", "offline_episodes", "offline_file",
-                                              "collect_policy", "noise"), (), ("offline.jsonl",)),
+                                              "collect_policy", "noise", "extra_behaviour"), (),
+                     ("offline.jsonl", "offline_extra")),
     "annotate": Stage("annotate reasoning", ("annotator", "annotator_llm"), ("collect",), ("offline_annotated.jsonl",)),
     "train_exp": Stage("train the experience model", ("exp_model", "exp_protocol", "exp_sft", "exp_mixture"),
                        ("annotate",), ("experience_model", "buffer", "buffer.partial")),
@@ -388,6 +415,19 @@ def collect_episodes(cfg: DemoConfig, path: Path, episodes: int, split: str, see
     return summarize_file(path)
 
 
+def collect_offline(cfg: DemoConfig, offline: Path, extra: Path) -> dict[str, Any]:
+    """The offline data: ``offline_episodes`` by :func:`collect_policy` into ``offline``, then each of
+    ``cfg.extra_behaviour`` into ``extra/<i>.jsonl`` (train split, seeds of their own); a summary of each."""
+    summary = collect_episodes(cfg, offline, cfg.offline_episodes, "train", cfg.seed)
+    if cfg.extra_behaviour:
+        extra.mkdir(exist_ok=True)
+        summary["extra"] = [
+            {"noise": b.noise, **collect_episodes(cfg, extra / f"{i}.jsonl", b.episodes(cfg.offline_episodes), "train",
+                                                  cfg.seed + 1_000_000 * (i + 1), noise=b.noise)}
+            for i, b in enumerate(cfg.extra_behaviour)]
+    return summary
+
+
 def collect_policy(cfg: DemoConfig, env: TextEnv, seed: int, noise: float) -> ScriptedPolicy:
     """``cfg.collect_policy``, else the env's ``noisy`` oracle (``noise`` random steps), else ``random``."""
     if cfg.collect_policy is not None:
@@ -422,7 +462,7 @@ def annotator_name(cfg: DemoConfig) -> str:
     return "rule" if env_spec is not None and env_spec.explainer is not None else "diff"
 
 
-def annotate(cfg: DemoConfig, source: Path, target: Path) -> dict[str, Any]:
+def annotate(cfg: DemoConfig, source: Path | list[Path], target: Path) -> dict[str, Any]:
     from dreamgym.experience.annotate import (
         Annotator,
         DiffAnnotator,
@@ -443,7 +483,7 @@ def annotate(cfg: DemoConfig, source: Path, target: Path) -> dict[str, Any]:
         worker = LLMAnnotator(load_llm(llm_cfg), name=f"llm:{llm_cfg.model}")
     else:
         worker = RuleAnnotator() if name == "rule" else DiffAnnotator()
-    progress = annotate_file([source], worker, target)
+    progress = annotate_file(source if isinstance(source, list) else [source], worker, target)
     return {"annotator": name, "written": progress.written, "skipped": progress.skipped, **progress.stats.as_dict()}
 
 
@@ -496,6 +536,7 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
     (out / "demo_config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
     env = cfg.env
     offline, annotated, exp_dir, sft_dir = out / "offline.jsonl", out / "offline_annotated.jsonl", out / "experience_model", out / "sft"
+    extra = out / "offline_extra"
     total = len(active_stages(cfg))
     numbered = iter(f"{i}/{total}" for i in range(1, total + 1))
 
@@ -509,9 +550,10 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
         offline = cfg.offline_file
         data = stage("collect", f"offline data: {offline}", lambda: summarize_file(offline))
     else:
-        data = stage("collect", "collect offline data",
-                     lambda: collect_episodes(cfg, offline, cfg.offline_episodes, "train", cfg.seed))
-    stage("annotate", f"annotate reasoning ({annotator_name(cfg)})", lambda: annotate(cfg, offline, annotated))
+        data = stage("collect", "collect offline data", lambda: collect_offline(cfg, offline, extra))
+    extra_files = sorted(extra.glob("*.jsonl")) if cfg.offline_file is None and extra.is_dir() else []
+    stage("annotate", f"annotate reasoning ({annotator_name(cfg)})",
+          lambda: annotate(cfg, [offline, *extra_files], annotated))
     stage("train_exp", "train the experience model", lambda: train_experience_model(
         [annotated], cfg.exp_model, exp_dir, ProtocolConfig(**cfg.exp_protocol), SFTConfig(**cfg.exp_sft),
         buffer_dir=out / "buffer", mixture=cfg.exp_mixture, seed=cfg.seed))

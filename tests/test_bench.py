@@ -88,8 +88,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], messa
     assert not (tmp_path / "b").exists()  # nothing ran
 
 
-# the smallest micro settings: 4 test episodes, no fidelity stage, one RL iteration, one dream iteration
+# the smallest micro settings: 4 test episodes, no fidelity stage, one RL iteration, one dream iteration, the micro
+# policy (the bench's mechanics, not what the base's policy learns: tests/test_demo.py runs the micro profile as is)
 SMALL = ["--set", "eval_episodes=4", "--set", "heldout_episodes=0", "--set", "offline_episodes=30",
+         "--set", "policy_model=micro", "--set", "sft={epochs: 2, learning_rate: 0.003, batch_size: 16, num_threads: 2}",
          "--set", "dream_iterations=1", "--set",
          "rl={iterations: 1, tasks_per_iter: 2, group_size: 2, eval_every: 0, num_threads: 2, max_steps: 6, "
          "minibatch_size: 32}"]

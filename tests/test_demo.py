@@ -32,6 +32,16 @@ def test_micro_demo_end_to_end_and_cached_rerun(tmp_path: Path) -> None:
         assert set(row) == {"method", "real_transitions", "success_rate", "mean_reward", "seconds"}
         assert 0.0 <= row["success_rate"] <= 1.0
     assert rows["DreamGym"]["real_transitions"] == 0  # trained in the dream only
+    # the shop's micro policy clones from the shipped base: it succeeds at all (the micro model's was 0 in every row),
+    # and every row's final greedy evaluation stays below half invalid actions
+    assert rows["SFT"]["success_rate"] > 0
+    for stage in ("sft", "grpo_real", "dreamgym", "s2r"):
+        marker = json.loads((out / f"stages/{stage}.json").read_text())
+        assert (marker["evals"][-1] if "evals" in marker else marker)["invalid_action_rate"] < 0.5
+    # the experience model's data: the offline episodes and 40% more at noise 0.8 (the shop's extra_behaviour)
+    collect = json.loads((out / "stages/collect.json").read_text())
+    assert collect["trajectories"] == 60 and collect["extra"] == [{**collect["extra"][0], "noise": 0.8, "trajectories": 24}]
+    assert len((out / "offline_annotated.jsonl").read_text().splitlines()) == 60 + 24
     assert rows["GRPO (real)"]["real_transitions"] > 0 and rows["DreamGym-S2R"]["real_transitions"] > 0
     dream = json.loads((out / "dreamgym" / "summary.json").read_text())
     assert dream["synthetic_transitions"] > 0 and dream["eval_transitions"] > 0

@@ -22,6 +22,7 @@ from dreamgym.experience.train import (
     exp_queries,
     fresh_tiny_model,
     mix,
+    step_kinds,
     train_experience_model,
 )
 from dreamgym.llm.tiny import tiny_shape
@@ -253,6 +254,27 @@ def test_mix_resamples_by_kind() -> None:
     assert 60 < sum(int(t[1:]) % 2 == 0 for t in targets) < 140  # "results" kept with probability 0.2
     with pytest.raises(ValueError):
         mix(examples, kinds, {"results": -1.0})
+
+
+def test_mix_weighs_terminal_outcomes_apart() -> None:
+    """``step_kinds`` tags each terminal step with its outcome; ``mix`` takes ``done:failure``'s own weight and falls
+    back to the page's (``done``) for an outcome it is not given."""
+    from dreamgym.types import Task, Trajectory, Transition
+
+    def traj(reward: float) -> Trajectory:
+        page = "[1] text: Thank you for shopping! You bought B0X (no options)\n[2] text: Your score (min 0.0, max 1.0): 1.00"
+        steps = [Transition(state="[1] searchbox: search[your query]", action="search[x]",
+                            next_state="[1] text: Page 1 (results 1-5 of 9)", reward=0.0, done=False),
+                 Transition(state="[1] text: B0X — Lamp", action="click[buy now]", next_state=page, reward=reward,
+                            done=True)]
+        return Trajectory(task=Task(task_id="shop-train-1", instruction="a lamp"), transitions=steps,
+                          success=reward >= 1.0)
+
+    kinds = step_kinds([traj(1.0), traj(0.5)])
+    assert kinds == ["results", "done:success", "results", "done:failure"]
+    examples = [SFTExample(f"p{i}", f"t{i}") for i in range(4)]
+    out = [ex.target for ex in mix(examples, kinds, {"results": 0.0, "done": 2.0, "done:failure": 5.0})]
+    assert sorted(out) == ["t1"] * 2 + ["t3"] * 5
 
 
 def test_tiny_shape_parses_presets_and_sizes() -> None:

@@ -94,3 +94,23 @@ def test_run_demo_refuses_before_writing_anything(tmp_path: Path) -> None:
                                          r"config has \"diff\""):
         run_demo(micro(annotator="diff"), tmp_path)
     assert (tmp_path / "demo_config.yaml").read_text() == "the config the stages were made under\n"
+
+
+def test_extra_behaviour_is_collected_apart_for_the_experience_model(tmp_path: Path) -> None:
+    """``extra_behaviour``: episodes of a noisier behaviour policy go to offline_extra/ (the experience model's
+    data; the policy's SFT clones offline.jsonl alone), on seeds of their own, and are in the collect stage's key."""
+    from dreamgym.pipeline import collect_offline
+    from dreamgym.types import read_trajectories
+
+    cfg = micro(offline_episodes=4, extra_behaviour=[{"share": 0.5, "noise": 1.0}])
+    summary = collect_offline(cfg, tmp_path / "offline.jsonl", tmp_path / "offline_extra")
+    assert summary["trajectories"] == 4 and summary["extra"][0]["trajectories"] == 2
+    assert summary["extra"][0]["noise"] == 1.0
+    primary = list(read_trajectories(tmp_path / "offline.jsonl"))
+    extra = list(read_trajectories(tmp_path / "offline_extra" / "0.jsonl"))
+    assert all(x.info.get("detour") for t in extra for x in t.transitions)  # noise 1: every step a random one
+    assert {t.meta.get("seed") for t in primary}.isdisjoint({t.meta.get("seed") for t in extra})
+    assert stage_keys(cfg)["collect"]["hash"] != stage_keys(micro(offline_episodes=4))["collect"]["hash"]
+    assert collect_offline(cfg, tmp_path / "offline.jsonl", tmp_path / "offline_extra") == summary  # resumed: as is
+    with pytest.raises(ValueError, match="share"):
+        micro(extra_behaviour=[{"share": 0, "noise": 0.8}])

@@ -45,7 +45,7 @@ from dreamgym.experience.protocol import (
     step_target,
 )
 from dreamgym.sft import SFTConfig, SFTExample, encode_prompt, prompt_budget, train_sft
-from dreamgym.types import DataError, Trajectory, read_trajectories
+from dreamgym.types import DataError, Trajectory, Transition, read_trajectories
 
 if TYPE_CHECKING:
     from dreamgym.llm.tiny import TinyPreset
@@ -187,14 +187,15 @@ def read_training_data(paths: Sequence[str | os.PathLike[str]]) -> list[Trajecto
 def mix(
     examples: Sequence[SFTExample], kinds: Sequence[str], weights: dict[str, float], seed: int = 0
 ) -> list[SFTExample]:
-    """Resample ``examples`` by kind: weight w keeps floor(w) copies plus one more with probability w − floor(w)
-    (kinds not in ``weights`` keep 1). Spends the training budget where it teaches most (see the README)."""
+    """Resample ``examples`` by kind: weight w keeps floor(w) copies plus one more with probability w − floor(w).
+    A kind ``page:outcome`` (:func:`step_kinds`' terminal steps) takes its own weight, else its page's; other kinds
+    keep 1. Spends the training budget where it teaches most (see the README)."""
     if any(w < 0 for w in weights.values()):
         raise ValueError(f"mixture weights must be >= 0, got {weights}")
     rng = random.Random(seed)
     out: list[SFTExample] = []
     for ex, kind in zip(examples, kinds, strict=True):
-        w = weights.get(kind, 1.0)
+        w = weights.get(kind, weights.get(kind.split(":", 1)[0], 1.0))
         out += [ex] * (int(w) + (rng.random() < w - int(w)))
     if not out:
         raise ValueError(f"the mixture {weights} leaves no training example")
@@ -202,11 +203,19 @@ def mix(
 
 
 def step_kinds(trajs: Sequence[Trajectory]) -> list[str]:
-    """The kind of each transition (in :func:`exp_examples` order): the page type of its real next state."""
+    """The kind of each transition (in :func:`exp_examples` order): the page type of its real next state, and on a
+    terminal step its outcome too (``done:success`` / ``done:failure``, by ``info["success"]`` or reward >= 1), so a
+    mixture can weigh the rare failed endings apart from the common successes."""
     from dreamgym.envs.base import page_type_of
     from dreamgym.experience.annotate import env_of
 
-    return [page_type_of(env_of(traj))(x.next_state) for traj in trajs for x in traj.transitions]
+    def kind(page: str, x: Transition) -> str:
+        if not x.done:
+            return page
+        won = x.info["success"] if isinstance(x.info.get("success"), bool) else x.reward >= 1.0
+        return f"{page}:{'success' if won else 'failure'}"
+
+    return [kind(page_type_of(env_of(traj))(x.next_state), x) for traj in trajs for x in traj.transitions]
 
 
 # ------------------------------------------------------------------------------------------ model
