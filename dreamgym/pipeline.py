@@ -109,7 +109,8 @@ class Behaviour(BaseModel):
 
 class DemoConfig(BaseModel):
     """All the demo's knobs; ``PROFILES`` holds the presets (``--profile``), ``--config``/``--set`` override fields.
-    ``env_kwargs``, ``policy``, ``dream`` and ``exp_mixture`` default per env (:func:`env_defaults`); dict fields
+    ``env_kwargs``, ``policy``, ``dream``, ``exp_mixture`` and ``extra_behaviour`` default per env
+    (:func:`env_defaults`); dict fields
     are replaced whole, not merged."""
 
     model_config = ConfigDict(extra="forbid")
@@ -551,7 +552,7 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
         data = stage("collect", f"offline data: {offline}", lambda: summarize_file(offline))
     else:
         data = stage("collect", "collect offline data", lambda: collect_offline(cfg, offline, extra))
-    extra_files = sorted(extra.glob("*.jsonl")) if cfg.offline_file is None and extra.is_dir() else []
+    extra_files = [extra / f"{i}.jsonl" for i in range(len(cfg.extra_behaviour))] if cfg.offline_file is None else []
     stage("annotate", f"annotate reasoning ({annotator_name(cfg)})",
           lambda: annotate(cfg, [offline, *extra_files], annotated))
     stage("train_exp", "train the experience model", lambda: train_experience_model(
