@@ -161,7 +161,8 @@ class DemoConfig(BaseModel):
         "benchmarks/results/pretrained_base_exp_refs_whole.json) and keeps the default demo near 30 min; "
         "time_budget_s is only a safety cap (train_exp.json's time_cap_fired says whether it cut the schedule short)")
     exp_mixture: dict[str, float] | None = Field(default=None, description="examples per transition by the page "
-                                                 "type of its next state (None = each once; the shop's EnvSpec gives one)")
+                                                 "type of its next state, a terminal one's outcome apart if given "
+                                                 "(done:failure; None = each once; the shop's EnvSpec gives one)")
     # policy: the same pre-trained base ("micro" is the former from-scratch default)
     policy_model: str = "pretrained"
     policy: dict[str, Any] = Field(default_factory=dict, description="PolicyConfig fields")
@@ -416,16 +417,16 @@ def collect_episodes(cfg: DemoConfig, path: Path, episodes: int, split: str, see
     return summarize_file(path)
 
 
-def collect_offline(cfg: DemoConfig, offline: Path, extra: Path) -> dict[str, Any]:
+def collect_offline(cfg: DemoConfig, offline: Path, extra: Sequence[Path]) -> dict[str, Any]:
     """The offline data: ``offline_episodes`` by :func:`collect_policy` into ``offline``, then each of
-    ``cfg.extra_behaviour`` into ``extra/<i>.jsonl`` (train split, seeds of their own); a summary of each."""
+    ``cfg.extra_behaviour`` into its file of ``extra`` (train split, seeds of their own); a summary of each."""
     summary = collect_episodes(cfg, offline, cfg.offline_episodes, "train", cfg.seed)
     if cfg.extra_behaviour:
-        extra.mkdir(exist_ok=True)
-        summary["extra"] = [
-            {"noise": b.noise, **collect_episodes(cfg, extra / f"{i}.jsonl", b.episodes(cfg.offline_episodes), "train",
-                                                  cfg.seed + 1_000_000 * (i + 1), noise=b.noise)}
-            for i, b in enumerate(cfg.extra_behaviour)]
+        summary["extra"] = []
+        for i, (b, path) in enumerate(zip(cfg.extra_behaviour, extra, strict=True)):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            summary["extra"].append({"noise": b.noise, **collect_episodes(
+                cfg, path, b.episodes(cfg.offline_episodes), "train", cfg.seed + 1_000_000 * (i + 1), noise=b.noise)})
     return summary
 
 
@@ -463,7 +464,7 @@ def annotator_name(cfg: DemoConfig) -> str:
     return "rule" if env_spec is not None and env_spec.explainer is not None else "diff"
 
 
-def annotate(cfg: DemoConfig, source: Path | list[Path], target: Path) -> dict[str, Any]:
+def annotate(cfg: DemoConfig, sources: list[Path], target: Path) -> dict[str, Any]:
     from dreamgym.experience.annotate import (
         Annotator,
         DiffAnnotator,
@@ -484,7 +485,7 @@ def annotate(cfg: DemoConfig, source: Path | list[Path], target: Path) -> dict[s
         worker = LLMAnnotator(load_llm(llm_cfg), name=f"llm:{llm_cfg.model}")
     else:
         worker = RuleAnnotator() if name == "rule" else DiffAnnotator()
-    progress = annotate_file(source if isinstance(source, list) else [source], worker, target)
+    progress = annotate_file(sources, worker, target)
     return {"annotator": name, "written": progress.written, "skipped": progress.skipped, **progress.stats.as_dict()}
 
 
@@ -498,7 +499,7 @@ def fidelity(cfg: DemoConfig, out: Path, exp_dir: Path) -> dict[str, Any]:
 
     heldout, annotated = out / "heldout.jsonl", out / "heldout_annotated.jsonl"
     data = collect_episodes(cfg, heldout, cfg.heldout_episodes, "test", cfg.seed + 1, noise=cfg.heldout_noise)
-    annotate(cfg, heldout, annotated)  # resumable: trajectories already annotated are skipped
+    annotate(cfg, [heldout], annotated)  # resumable: trajectories already annotated are skipped
     buffer = None
     if (out / "buffer").is_dir():
         from dreamgym.replay import ReplayBuffer
@@ -537,7 +538,8 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
     (out / "demo_config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
     env = cfg.env
     offline, annotated, exp_dir, sft_dir = out / "offline.jsonl", out / "offline_annotated.jsonl", out / "experience_model", out / "sft"
-    extra = out / "offline_extra"
+    # the extra behaviours' episodes (M_exp's data only), one file each; none with the user's own offline_file
+    extra = [out / "offline_extra" / f"{i}.jsonl" for i in range(len(cfg.extra_behaviour))] if cfg.offline_file is None else []
     total = len(active_stages(cfg))
     numbered = iter(f"{i}/{total}" for i in range(1, total + 1))
 
@@ -552,9 +554,7 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
         data = stage("collect", f"offline data: {offline}", lambda: summarize_file(offline))
     else:
         data = stage("collect", "collect offline data", lambda: collect_offline(cfg, offline, extra))
-    extra_files = [extra / f"{i}.jsonl" for i in range(len(cfg.extra_behaviour))] if cfg.offline_file is None else []
-    stage("annotate", f"annotate reasoning ({annotator_name(cfg)})",
-          lambda: annotate(cfg, [offline, *extra_files], annotated))
+    stage("annotate", f"annotate reasoning ({annotator_name(cfg)})", lambda: annotate(cfg, [offline, *extra], annotated))
     stage("train_exp", "train the experience model", lambda: train_experience_model(
         [annotated], cfg.exp_model, exp_dir, ProtocolConfig(**cfg.exp_protocol), SFTConfig(**cfg.exp_sft),
         buffer_dir=out / "buffer", mixture=cfg.exp_mixture, seed=cfg.seed))

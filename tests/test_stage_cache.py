@@ -103,7 +103,8 @@ def test_extra_behaviour_is_collected_apart_for_the_experience_model(tmp_path: P
     from dreamgym.types import read_trajectories
 
     cfg = micro(offline_episodes=4, extra_behaviour=[{"share": 0.5, "noise": 1.0}])
-    summary = collect_offline(cfg, tmp_path / "offline.jsonl", tmp_path / "offline_extra")
+    files = [tmp_path / "offline_extra" / "0.jsonl"]
+    summary = collect_offline(cfg, tmp_path / "offline.jsonl", files)
     assert summary["trajectories"] == 4 and summary["extra"][0]["trajectories"] == 2
     assert summary["extra"][0]["noise"] == 1.0
     primary = list(read_trajectories(tmp_path / "offline.jsonl"))
@@ -111,6 +112,6 @@ def test_extra_behaviour_is_collected_apart_for_the_experience_model(tmp_path: P
     assert all(x.info.get("detour") for t in extra for x in t.transitions)  # noise 1: every step a random one
     assert {t.meta.get("seed") for t in primary}.isdisjoint({t.meta.get("seed") for t in extra})
     assert stage_keys(cfg)["collect"]["hash"] != stage_keys(micro(offline_episodes=4))["collect"]["hash"]
-    assert collect_offline(cfg, tmp_path / "offline.jsonl", tmp_path / "offline_extra") == summary  # resumed: as is
+    assert collect_offline(cfg, tmp_path / "offline.jsonl", files) == summary  # resumed: as is
     with pytest.raises(ValueError, match="share"):
         micro(extra_behaviour=[{"share": 0, "noise": 0.8}])
