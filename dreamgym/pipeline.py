@@ -148,10 +148,13 @@ class DemoConfig(BaseModel):
     # README); "128x4" trains the same shape from scratch
     exp_model: str = "pretrained"
     # copy_refs: M_exp points at the prompt text a next state repeats (dreamgym.experience.copyrefs); measured on the
-    # shop from the base at 150 steps: click consistency 0.00 -> 1.00 (benchmarks/results/pretrained_base_exp_refs.json)
+    # shop from the base at 150 steps: click consistency 0.00 -> 1.00 (benchmarks/results/pretrained_base_exp_refs.json).
+    # exact_neighbours: M_exp learns to use a neighbour that is the very step recorded before; on the shop's train
+    # tasks the dream's pages then replay in the real shop (benchmarks/results/exact_neighbours.json)
     exp_protocol: dict[str, Any] = Field(default_factory=lambda: {"k": 1, "neighbour_states": False,
                                                                   "system_prompt": "", "history_window": 2,
-                                                                  "ground_action": True, "copy_refs": True})
+                                                                  "ground_action": True, "copy_refs": True,
+                                                                  "exact_neighbours": True})
     exp_sft: dict[str, Any] = Field(
         default_factory=lambda: {"epochs": 3, "max_steps": 150, "learning_rate": 2e-3, "batch_size": 16,
                                  "max_length": 768, "time_budget_s": 14400, "num_threads": 2},

@@ -449,8 +449,9 @@ def test_protocol_teacher_and_index_configs_are_strict_pydantic_models() -> None
              '"reasoning": true, "max_state_chars": 1200, "max_neighbour_chars": 600, "system_prompt": ""}, '
              '"chat": true, "max_new_tokens": 200}')
     old = ExperienceConfig.model_validate_json(saved).protocol_config()
-    assert (old.history_window, old.k, old.system_prompt, old.ground_action, old.copy_refs) == (2, 1, "", False, False)
+    assert (old.history_window, old.k, old.system_prompt, old.ground_action, old.copy_refs,
+            old.exact_neighbours) == (2, 1, "", False, False, False)  # trained before either existed
     assert ExperienceConfig.from_protocol(old).protocol == old.model_dump()
     assert set(old.model_dump()) == {"history_window", "history_states", "k", "neighbour_states", "reasoning",
                                      "max_state_chars", "max_neighbour_chars", "system_prompt", "ground_action",
-                                     "copy_refs"}
+                                     "copy_refs", "exact_neighbours"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -153,6 +154,56 @@ def test_an_example_never_retrieves_its_own_transition(tmp_path: Path) -> None:
     examples = exp_examples(trajs, cfg, buffer, chat=False)
     assert isinstance(examples[3].prompt, str) and "shelf open" not in examples[3].prompt.split("SIMILAR:")[1].split(
         "STATE:")[0]
+
+
+def test_exact_neighbours_show_another_trajectorys_copy_of_the_step_marked_and_never_the_own(tmp_path: Path) -> None:
+    """With ``exact_neighbours`` a step that another trajectory also recorded (the same search of the same task, as
+    the dream finds it for a real task) is shown as that trajectory's, headed as the same step; a step only its own
+    trajectory recorded is still never retrieved."""
+    from dreamgym.experience.protocol import SAME_STEP
+
+    first = Transition(state="[1] searchbox", action="search[red mug]", next_state="[1] link: red mug | $3",
+                       reward=0.0, done=False, info={"reasoning": "search"})
+
+    def episode(i: int, task: str) -> Trajectory:
+        walk = [Transition(state=f"[1] text: aisle T{i} {t}", action=f"click[T{i} item {t}]",
+                           next_state=f"[1] text: aisle T{i} {t + 1}", reward=0.0, done=False,
+                           info={"reasoning": "walk"}) for t in range(2)]
+        return Trajectory(traj_id=f"T{i}", task=Task(task_id=task, instruction=f"buy a {task}", env="toy"),
+                          transitions=[first, *walk])
+
+    # T0 and T1 play the same task and start alike; T2 (another task) starts alike too; T3's start is its own.
+    trajs = [episode(0, "red mug"), episode(1, "red mug"), episode(2, "blue mug"), episode(3, "green mug")]
+    trajs[3] = trajs[3].model_copy(update={"transitions": [
+        first.model_copy(update={"action": "search[green mug]"}), *trajs[3].transitions[1:]]})
+    buffer = ReplayBuffer.open(tmp_path / "buf", encoder=HashingEncoder())
+    buffer.add_trajectories(trajs)  # the shared first step is stored once, under T0
+    plain = ProtocolConfig(k=1, neighbour_states=True, system_prompt="")
+    exact = plain.model_copy(update={"exact_neighbours": True})
+    for cfg in (plain, exact):
+        seen = {(traj.traj_id, t): q.retrieved[0] for traj, t, q in exp_queries(trajs, cfg, buffer)}
+        for (traj_id, t), n in seen.items():
+            x = next(tr for tr in trajs if tr.traj_id == traj_id).transitions[t]
+            own = (n.state, n.action, n.next_state) == (x.state, x.action, x.next_state)
+            # the own transition is shown only as a copy another trajectory holds, and only with the option on
+            assert not own or (cfg.exact_neighbours and t == 0 and traj_id != "T3"), (cfg, traj_id, t)
+        if cfg.exact_neighbours:  # T0 sees the copy stored under its own id: T1 and T2 recorded it too
+            assert all(seen[f"T{i}", 0].next_state == first.next_state for i in range(3))
+    examples = {traj.traj_id: ex for traj, ex in zip(trajs, exp_examples(trajs, exact, buffer, chat=False)[::3],
+                                                     strict=True)}
+    assert f"(1) {SAME_STEP}" in examples["T1"].prompt  # same task, state and action
+    assert SAME_STEP not in examples["T2"].prompt  # the same step, but another task's: its outcome may differ
+    assert SAME_STEP not in examples["T3"].prompt
+    assert SAME_STEP not in exp_examples(trajs, plain, buffer, chat=False)[3].prompt
+    # The dream serves the same prompt: a retrieved record carries its task, and the header follows from it.
+    from dreamgym.experience.model import neighbours_of
+    from dreamgym.experience.protocol import build_user_text
+
+    served = neighbours_of(buffer.retrieve(first.state, first.action, k=1, env="toy"))
+    query = ExperienceQuery("buy a red mug", [], served, first.state, first.action)
+    assert served[0].instruction == "buy a red mug" and f"(1) {SAME_STEP}" in build_user_text(query, exact)
+    assert SAME_STEP not in build_user_text(dataclasses.replace(query, instruction="buy a blue mug"), exact)
+    assert "same task, state and action" in exact.model_copy(update={"system_prompt": None}).system_text()
 
 
 def test_neighbours_show_real_endings_only_like_the_targets(tmp_path: Path) -> None:

@@ -558,6 +558,27 @@ def test_exclude_key_keeps_out_a_transition_stored_under_another_trajectory(tmp_
         assert {h.row for h in hits}.isdisjoint({5, 200}) and len(hits) == 3
 
 
+@pytest.mark.parametrize("config", [IndexConfig(), IVF], ids=["exact", "ivf"])
+def test_keep_key_lets_a_query_see_the_copy_stored_under_its_own_trajectory(tmp_path: Path, config: IndexConfig) -> None:
+    recs = records(200)
+    copy = recs[5].model_copy(update={"traj_id": "x-traj", "step": 0})  # stored once, under r-traj0
+    with ReplayBuffer.open(tmp_path / "b", HashingEncoder(64), config=config) as buf:
+        buf.add_transitions([*recs, copy])
+        for env in (None, "shop"):
+            # r-traj0's query for its own row 5: excluded with its trajectory, kept when its key is to be kept ...
+            gone = buf.retrieve(copy.state, copy.action, k=3, env=env, exclude_traj="r-traj0")
+            assert 5 not in {h.row for h in gone} and len(gone) == 3
+            kept = buf.retrieve(copy.state, copy.action, k=3, env=env, exclude_traj="r-traj0", keep_key=copy.key())
+            assert kept[0].row == 5
+            # ... and the trajectory's other rows stay out.
+            assert {h.row for h in kept}.isdisjoint(set(range(10)) - {5})
+        batch = buf.retrieve_batch([(copy.state, copy.action)] * 2, k=1, exclude_traj=["r-traj0"] * 2,
+                                   keep_key=[copy.key(), None])
+        assert batch[0][0].row == 5 and batch[1][0].row != 5
+        with pytest.raises(ValueError, match="keep_key"):
+            buf.search_rows(buf.store.embeddings()[:2], k=1, keep_key=[None])
+
+
 def test_transition_key_is_the_key_a_step_is_stored_under(shop_trajs: list[Trajectory]) -> None:
     for traj in shop_trajs[:3]:
         for t, record in enumerate(ReplayRecord.from_trajectory(traj)):

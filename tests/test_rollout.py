@@ -173,6 +173,26 @@ def test_with_dropout_the_first_ratio_of_an_update_is_exactly_one(micro_dir: Pat
     assert model.training and not critic.training
 
 
+def test_a_prompt_too_long_for_the_context_is_cut_and_counted_not_raised(policy: LLMPolicy) -> None:
+    """A dreamt page can be longer than any real one: the policy cuts the state (then the action list) until the
+    prompt fits, counts it, and acts; the model itself still refuses an overlong prompt."""
+    from dreamgym.agent.policy import AgentObservation, build_agent_prompt
+
+    llm = policy.llm
+    assert isinstance(llm, HFLLM) and llm.max_length is not None
+    page = "\n".join(f"[{i}] link: B0{i:06d} — Wool Socks Number {i} | ${i}.99" for i in range(1, 400))
+    actions = [f"click[b0{i:06d}]" for i in range(1, 400)]
+    obs = AgentObservation("buy wool socks", page, actions, [])
+    with pytest.raises(ValueError, match="exceeds the model's context"):  # as built, it does not fit
+        llm.generate([build_agent_prompt(obs, policy.cfg)], policy.sampling(True, 0))
+    short = AgentObservation("buy wool socks", "[1] link: B0000001 — Wool Socks | $1.99", actions[:1], [])
+    steps = policy.act([obs, short], greedy=True, seed=0)
+    assert len(steps) == 2 and policy.shortened == 1  # only the long one was cut
+    assert len(steps[0].prompt_ids) + policy.cfg.max_new_tokens <= llm.max_length
+    assert "[1] link: B0000001" in llm.tokenizer.decode(steps[0].prompt_ids)  # the page's top stays, and the task
+    assert "TASK: buy wool socks" in llm.tokenizer.decode(steps[0].prompt_ids)
+
+
 def test_invalid_action_penalty_is_applied_to_the_rl_reward_only(policy: LLMPolicy, pool: LocalEnvPool) -> None:
     episodes = collect_rollouts(pool, policy, pool.tasks("train")[:2], group_size=2, max_steps=3, seed=3,
                                 invalid_action_penalty=0.25)

@@ -198,6 +198,7 @@ class LLMPolicy:
         self.cfg = cfg or PolicyConfig()
         self.name = "llm"
         self.unparsed = 0  # counted fallback: completions with no action in them
+        self.shortened = 0  # counted fallback: prompts cut to fit the model's context (see fit_prompt)
 
     def sampling(self, greedy: bool, seed: int | None) -> SamplingParams:
         return SamplingParams(
@@ -209,8 +210,38 @@ class LLMPolicy:
             logprobs=not greedy,
         )
 
+    def fit_prompt(self, obs: AgentObservation) -> ChatMessages:
+        """The agent prompt of ``obs``, cut to fit the model's context when it does not: the state to half its
+        characters, again and again (down to 100), then the action list likewise. A real env's pages fit; a
+        dream's page is what M_exp wrote and may run long, and a policy must act on it rather than fail the run.
+        Counted in ``shortened`` and logged at each doubling."""
+        prompt = build_agent_prompt(obs, self.cfg)
+        limit, encode = getattr(self.llm, "max_length", None), getattr(self.llm, "encode", None)
+        if limit is None or encode is None:
+            return prompt
+        budget = limit - self.cfg.max_new_tokens
+        # a token is at least one byte (the chat template's own markers: a few tokens each): it fits as it is
+        if sum(len(m["content"].encode()) for m in prompt) + 64 <= budget:
+            return prompt
+        cfg = self.cfg
+        while len(encode(prompt)) > budget:
+            if cfg.max_state_chars > 100:
+                cfg = cfg.model_copy(update={"max_state_chars": max(100, cfg.max_state_chars // 2)})
+            elif cfg.max_admissible > 1:
+                cfg = cfg.model_copy(update={"max_admissible": max(1, cfg.max_admissible // 2)})
+            else:
+                break  # the TASK line alone is too long: the model says so
+            prompt = build_agent_prompt(obs, cfg)
+        if cfg is not self.cfg:
+            self.shortened += 1
+            if self.shortened & (self.shortened - 1) == 0:
+                log.warning("policy: prompt too long for the context (%d tokens); state and actions cut to %d "
+                            "characters and %d actions (%d so far)", limit, cfg.max_state_chars,
+                            cfg.max_admissible, self.shortened)
+        return prompt
+
     def act(self, batch: Sequence[AgentObservation], greedy: bool = False, seed: int | None = None) -> list[PolicyStep]:
-        prompts = [build_agent_prompt(o, self.cfg) for o in batch]
+        prompts = [self.fit_prompt(o) for o in batch]
         completions = self.llm.generate(prompts, self.sampling(greedy, seed))
         steps = []
         for o, c in zip(batch, completions, strict=True):

@@ -74,12 +74,13 @@ def save_experience_config(model_dir: str | os.PathLike[str], cfg: ExperienceCon
 
 
 def neighbours_of(hits: Sequence[Any]) -> list[Neighbour]:
-    """Replay-buffer hits (anything with state, action, next_state, reward, done and optionally info) as prompt
-    neighbours. ``done`` shows real endings only, like the targets (:func:`~dreamgym.experience.protocol.terminated`):
+    """Replay-buffer hits (anything with state, action, next_state, reward, done and optionally info and
+    instruction) as prompt neighbours. ``done`` shows real endings only, like the targets (:func:`~dreamgym.experience.protocol.terminated`):
     a step cut by the step limit is stored with done=True and ``info["truncated"]``, and is shown with d=0."""
     return [
         Neighbour(h.state, h.action, h.next_state, float(h.reward),
-                  bool(h.done) and not (getattr(h, "info", None) or {}).get("truncated", False))
+                  bool(h.done) and not (getattr(h, "info", None) or {}).get("truncated", False),
+                  getattr(h, "instruction", None))
         for h in hits
     ]
 

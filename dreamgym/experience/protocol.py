@@ -108,6 +108,7 @@ class Neighbour:
     next_state: str
     reward: float
     done: bool
+    instruction: str | None = None  # the task it was recorded in, where known (ProtocolConfig.exact_neighbours)
 
     @classmethod
     def from_transition(cls, t: Transition) -> Neighbour:
@@ -143,6 +144,9 @@ DEFAULT_SYSTEM_PROMPT = (
     "with 2 decimals. An action that cannot be carried out leaves the state unchanged with reward 0."
 )
 THINK_INSTRUCTION = "First write <think>brief reasoning about the action's effect</think>. "
+EXACT_NEIGHBOURS_INSTRUCTION = (
+    "A similar transition headed 'same task, state and action' is this very step as the environment once answered it."
+)
 COPY_REFS_INSTRUCTION = (
     "Instead of repeating text from the prompt, point at it: a line '@3-7' stands for STATE lines 3 to 7, '@3-' "
     "for line 3 to the last, '@n1:2' "
@@ -169,12 +173,19 @@ class ProtocolConfig(BaseModel):
     # The target points at prompt text it repeats (@3-7, @T.1, ...) and the parser writes it in
     # (dreamgym.experience.copyrefs): a model that cannot yet copy only has to choose what to copy.
     copy_refs: bool = False
+    # A neighbour recorded in the query's task with its state and action is headed "(i) same task, state and action",
+    # and in training an example may retrieve another trajectory's copy of its own transition
+    # (dreamgym.experience.train.exp_queries). The dream meets such exact neighbours on the steps of a real task that
+    # the offline data played (the same search, the same click); without this, training never shows one (its own
+    # key is excluded) and the model writes the page anew.
+    exact_neighbours: bool = False
 
     def system_text(self) -> str:
         if self.system_prompt is not None:
             return self.system_prompt
         text = DEFAULT_SYSTEM_PROMPT.format(think=THINK_INSTRUCTION if self.reasoning else "")
-        return f"{text} {COPY_REFS_INSTRUCTION}" if self.copy_refs else text
+        text = f"{text} {COPY_REFS_INSTRUCTION}" if self.copy_refs else text
+        return f"{text} {EXACT_NEIGHBOURS_INSTRUCTION}" if self.exact_neighbours else text
 
 
 # ------------------------------------------------------------------------------------------ prompt
@@ -213,13 +224,18 @@ def _history_lines(query: ExperienceQuery, cfg: ProtocolConfig) -> list[str]:
     return lines
 
 
+SAME_STEP = "same task, state and action"  # the header of an exact neighbour (ProtocolConfig.exact_neighbours)
+
+
 def _similar_lines(query: ExperienceQuery, cfg: ProtocolConfig) -> list[str]:
     shown = query.retrieved[: cfg.k]
     if not shown:
         return []
     lines = ["SIMILAR:"]
     for i, n in enumerate(shown, start=1):
-        lines.append(f"({i})")
+        same = cfg.exact_neighbours and (n.instruction, n.state, n.action) == (query.instruction, query.state,
+                                                                              query.action)
+        lines.append(f"({i}) {SAME_STEP}" if same else f"({i})")
         if cfg.neighbour_states:
             lines.append(truncate_lines(n.state, cfg.max_neighbour_chars))
         lines += [

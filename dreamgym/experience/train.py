@@ -81,11 +81,20 @@ def exp_queries(
     Neighbours are retrieved for (s_t, a_t) among transitions of the same env, excluding the trajectory's own
     (a transition must not see its episode's future as an example) and every stored copy of the transition
     itself: the buffer keeps a repeated transition once, under whichever trajectory added it first, so
-    excluding the own trajectory alone would let an example retrieve its own target.
+    excluding the own trajectory alone would let an example retrieve its own target. With
+    ``cfg.exact_neighbours`` a transition that another trajectory of ``trajs`` also recorded stays retrievable
+    (that trajectory's copy, not the example's own), as the dream finds it for a real task's recorded steps.
     """
     from dreamgym.replay.record import transition_key
 
     steps = [(traj, t) for traj in trajs for t in range(len(traj.transitions))]
+    keys = {(traj.traj_id, t): transition_key(traj, t) for traj, t in steps}
+    shared: set[bytes] = set()
+    if cfg.exact_neighbours:
+        holders: dict[bytes, set[str]] = {}
+        for (traj_id, _), key in keys.items():
+            holders.setdefault(key, set()).add(traj_id)
+        shared = {key for key, ids in holders.items() if len(ids) > 1}
     for start in range(0, len(steps), RETRIEVAL_BATCH):
         chunk = steps[start : start + RETRIEVAL_BATCH]
         queries = [ExperienceQuery.at_step(traj, t) for traj, t in chunk]
@@ -94,12 +103,14 @@ def exp_queries(
             for i, (traj, _) in enumerate(chunk):
                 by_env.setdefault(env_of(traj), []).append(i)
             for env, rows in by_env.items():
+                own = [keys[chunk[i][0].traj_id, chunk[i][1]] for i in rows]
                 hits = buffer.retrieve_batch(
                     [(queries[i].state, queries[i].action) for i in rows],
                     cfg.k,
                     env=env,
                     exclude_traj=[chunk[i][0].traj_id for i in rows],
-                    exclude_key=[transition_key(*chunk[i]) for i in rows],
+                    exclude_key=[None if key in shared else key for key in own],
+                    keep_key=[key if key in shared else None for key in own],
                 )
                 for i, h in zip(rows, hits, strict=True):
                     queries[i] = replace(queries[i], retrieved=neighbours_of(h))

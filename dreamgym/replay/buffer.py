@@ -210,10 +210,11 @@ class ReplayBuffer:
         exclude_traj: str | None = None,
         source: str | None = None,
         exclude_key: bytes | None = None,
+        keep_key: bytes | None = None,
     ) -> list[Retrieved]:
         """The k stored transitions most similar to (state, action), best first."""
         return self.retrieve_batch([(state, action)], k, env=env, exclude_traj=[exclude_traj], source=source,
-                                   exclude_key=[exclude_key])[0]
+                                   exclude_key=[exclude_key], keep_key=[keep_key])[0]
 
     def retrieve_batch(
         self,
@@ -224,16 +225,21 @@ class ReplayBuffer:
         exclude_traj: Sequence[str | None] | None = None,
         source: str | None = None,
         exclude_key: Sequence[bytes | None] | None = None,
+        keep_key: Sequence[bytes | None] | None = None,
     ) -> list[list[Retrieved]]:
         """:meth:`retrieve` for many (state, action) queries in one encoder call and one index search.
 
         ``exclude_traj`` gives one trajectory id (or None) per query, e.g. each episode's own; ``exclude_key``
-        one transition key (or None) per query, e.g. the key of the transition the query is for.
+        one transition key (or None) per query, e.g. the key of the transition the query is for; ``keep_key`` one
+        key (or None) per query whose stored copy stays retrievable even when it lies in ``exclude_traj``
+        (duplicates are stored once, under the first trajectory that added them: a transition another trajectory
+        also recorded is that trajectory's too).
         """
         if not queries:
             return []
         embeddings = self.phi.encode([phi_text(s, a) for s, a in queries])
-        return self.search(embeddings, k, env=env, exclude_traj=exclude_traj, source=source, exclude_key=exclude_key)
+        return self.search(embeddings, k, env=env, exclude_traj=exclude_traj, source=source, exclude_key=exclude_key,
+                           keep_key=keep_key)
 
     def search(
         self,
@@ -244,10 +250,11 @@ class ReplayBuffer:
         exclude_traj: Sequence[str | None] | None = None,
         source: str | None = None,
         exclude_key: Sequence[bytes | None] | None = None,
+        keep_key: Sequence[bytes | None] | None = None,
     ) -> list[list[Retrieved]]:
         """Retrieval for precomputed query embeddings (``n x dim``, unit rows)."""
         hits = self.search_rows(embeddings, k, env=env, exclude_traj=exclude_traj, source=source,
-                                exclude_key=exclude_key)
+                                exclude_key=exclude_key, keep_key=keep_key)
         return [
             [Retrieved(**self.store.record(row).model_dump(), score=score, row=row) for row, score in q]
             for q in hits
@@ -262,6 +269,7 @@ class ReplayBuffer:
         exclude_traj: Sequence[str | None] | None = None,
         source: str | None = None,
         exclude_key: Sequence[bytes | None] | None = None,
+        keep_key: Sequence[bytes | None] | None = None,
     ) -> list[list[tuple[int, float]]]:
         """Like :meth:`search` but returns (row, cosine) pairs without reading the records."""
         queries = np.atleast_2d(np.asarray(embeddings, dtype=np.float32))
@@ -271,14 +279,15 @@ class ReplayBuffer:
             raise ValueError(f"k must be >= 1, got {k}")
         excludes = list(exclude_traj) if exclude_traj is not None else [None] * len(queries)
         keys = list(exclude_key) if exclude_key is not None else [None] * len(queries)
-        if len(excludes) != len(queries):
-            raise ValueError(f"exclude_traj has {len(excludes)} entries for {len(queries)} queries")
-        if len(keys) != len(queries):
-            raise ValueError(f"exclude_key has {len(keys)} entries for {len(queries)} queries")
+        kept = list(keep_key) if keep_key is not None else [None] * len(queries)
+        for name, given in (("exclude_traj", excludes), ("exclude_key", keys), ("keep_key", kept)):
+            if len(given) != len(queries):
+                raise ValueError(f"{name} has {len(given)} entries for {len(queries)} queries")
         env_code = self.store.envs.codes.get(env, -1) if env is not None else None
         source_code = self.store.sources.codes.get(source, -1) if source is not None else None
         passing = self._count_passing(env_code, source_code)
-        excluded = [self._excluded_rows(t, key, env_code, source_code) for t, key in zip(excludes, keys, strict=True)]
+        excluded = [self._excluded_rows(t, key, keep, env_code, source_code)
+                    for t, key, keep in zip(excludes, keys, kept, strict=True)]
         if passing == 0:
             return [[] for _ in excludes]
         filtered = env is not None or source is not None
@@ -332,12 +341,15 @@ class ReplayBuffer:
         )
 
     def _excluded_rows(
-        self, traj_id: str | None, key: bytes | None, env_code: int | None, source_code: int | None
+        self, traj_id: str | None, key: bytes | None, keep: bytes | None, env_code: int | None,
+        source_code: int | None,
     ) -> set[int]:
-        """Rows of ``traj_id``, rows holding the transition ``key``, and hidden rows, that would otherwise pass
-        the filter."""
+        """Rows of ``traj_id`` (but those holding the transition ``keep``), rows holding the transition ``key``,
+        and hidden rows, that would otherwise pass the filter."""
         code = self.store.trajs.codes.get(traj_id) if traj_id is not None else None
         rows = set(self.store.traj_rows[code]) if code is not None else set()
+        if keep is not None:
+            rows.difference_update(self.store.rows_of_key(keep))
         if key is not None:
             rows.update(self.store.rows_of_key(key))
         return {
