@@ -81,6 +81,20 @@ def score(exp_dir: Path, buffer_dir: Path, seed_dir: Path, episodes: int) -> dic
             "wm2real_seconds": round(t1 - t0, 1), "fidelity_seconds": round(time.monotonic() - t1, 1)}
 
 
+def wm2real_by_origin(rollouts: Path, env_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The last iteration's dreamt episodes replayed in the real shop, apart by task origin: ``seed`` (a train task,
+    which the offline data played) and ``synthetic`` (the curriculum's variations, which it did not)."""
+    from dreamgym.envs import make
+    from dreamgym.rl.wm2real import wm2real
+    from dreamgym.types import read_trajectories
+
+    last = sorted(rollouts.glob("iter_*.jsonl"))[-1]
+    trajs = list(read_trajectories(last))
+    return {origin: wm2real(group, lambda: make("shop", **env_kwargs))
+            for origin in sorted({t.task.origin for t in trajs})
+            if (group := [t for t in trajs if t.task.origin == origin])}
+
+
 def dream(seed_dir: Path, run: Path) -> dict[str, Any]:
     """The seed's DreamGym stage (``dreamgym.pipeline.run_demo``'s ``dream("dreamgym")``) with the exact M_exp."""
     from dreamgym.curriculum.config import CURRICULUM_FIELDS
@@ -116,7 +130,8 @@ def dream(seed_dir: Path, run: Path) -> dict[str, Any]:
                        "worse": sum(ours[t]["success"] < theirs[t]["success"] for t in common)}
     return {"success_rate": s["success_rate"], "mean_reward": s["mean_reward"], "seconds": s["seconds"],
             "synthetic_transitions": s.get("synthetic_transitions", 0), "evals": s["evals"],
-            "wm2real": s.get("wm2real"), "paired": paired}
+            "wm2real": s.get("wm2real"), "wm2real_by_origin": wm2real_by_origin(out / "rollouts", cfg.env_kwargs),
+            "paired": paired}
 
 
 ROWS = [("wm2real", "diverged", "dreamt episodes that diverge in the real shop (of 64)"),
