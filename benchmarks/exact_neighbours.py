@@ -21,7 +21,8 @@ Each arm is scored twice:
   no exact neighbour exists there but for steps every task shares), to check the option costs nothing where it
   cannot help.
 
-``--part dream`` then trains the DreamGym row again with the ``exact`` M_exp: the seed's SFT policy, GRPO in the
+``--part count`` counts, on each seed's offline data, the training examples that see a neighbour headed as the same
+step and those whose target is then its whole page, with the option off and on. ``--part dream`` then trains the DreamGym row again with the ``exact`` M_exp: the seed's SFT policy, GRPO in the
 dream with the seed's own ``rl``, ``dream`` and ``dream_iterations`` settings (as ``dreamgym demo`` runs its
 ``dreamgym`` stage), into ``WORK/seed<k>/dreamgym``, and pairs its 200 test episodes task by task with the seed's SFT
 and DreamGym rows (their ``eval_tasks.json``): the same policy start, data and RL settings; only M_exp differs.
@@ -79,6 +80,29 @@ def score(exp_dir: Path, buffer_dir: Path, seed_dir: Path, episodes: int) -> dic
     report = evaluate_experience_model(exp, list(read_trajectories(seed_dir / "heldout_annotated.jsonl")), seed=0)
     return {"wm2real": w, "fidelity": {k: report.get(k) for k in FIDELITY}, "parse": report.get("parse_failures"),
             "wm2real_seconds": round(t1 - t0, 1), "fidelity_seconds": round(time.monotonic() - t1, 1)}
+
+
+def count_exact(seed_dir: Path) -> dict[str, Any]:
+    """How many of the seed's M_exp training examples see a neighbour headed as the same step, and how many of
+    those targets are then that neighbour's whole page (``@n1:1-``), with the option off and on."""
+    from dreamgym.experience.protocol import SAME_STEP, ProtocolConfig
+    from dreamgym.experience.train import exp_pairs
+    from dreamgym.pipeline import DemoConfig
+    from dreamgym.replay import ReplayBuffer
+    from dreamgym.types import read_trajectories
+
+    cfg = DemoConfig(**yaml.safe_load((seed_dir / "demo_config.yaml").read_text()))
+    trajs = [t for t in read_trajectories(seed_dir / "offline_annotated.jsonl") if t.transitions]
+    buffer = ReplayBuffer.open(seed_dir / "buffer", create=False, read_only=True)
+    out: dict[str, Any] = {"examples": sum(len(t.transitions) for t in trajs)}
+    for on in (False, True):
+        protocol = ProtocolConfig(**{**cfg.exp_protocol, "exact_neighbours": on})
+        pairs = exp_pairs(trajs, protocol, buffer)
+        marked = [ex for _, ex in pairs if SAME_STEP in str(ex.prompt)]
+        out["exact" if on else "plain"] = {"marked": len(marked),
+                                           "marked_whole_page": sum("@n1:1-" in ex.target for ex in marked),
+                                           "whole_page": sum("@n1:1-" in ex.target for _, ex in pairs)}
+    return out
 
 
 def wm2real_by_origin(rollouts: Path, env_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -162,7 +186,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bench", type=Path, default=Path("runs/bench"))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--part", choices=["model", "dream"], default="model")
+    parser.add_argument("--part", choices=["model", "dream", "count"], default="model")
     parser.add_argument("--arms", nargs="+", choices=["plain", "exact"], default=["plain", "exact"])
     parser.add_argument("--episodes", type=int, default=64, help="dreamt episodes (distinct train tasks) per cell")
     parser.add_argument("--threads", type=int, default=1)
@@ -183,6 +207,11 @@ def main() -> None:
     cells = results.setdefault("cells", {})
     for seed in args.seeds:
         seed_dir = args.bench / f"seed{seed}"
+        if args.part == "count":
+            cells[f"count/{seed}"] = count_exact(seed_dir)
+            args.out.write_text(json.dumps(results, indent=1))
+            print(f"count/{seed}", json.dumps(cells[f"count/{seed}"]), flush=True)
+            continue
         if args.part == "dream":
             key = f"dream/{seed}"
             if key not in cells:
