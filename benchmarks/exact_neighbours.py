@@ -121,23 +121,15 @@ def wm2real_by_origin(rollouts: Path, env_kwargs: dict[str, Any]) -> dict[str, A
 
 def dream(seed_dir: Path, run: Path) -> dict[str, Any]:
     """The seed's DreamGym stage (``dreamgym.pipeline.run_demo``'s ``dream("dreamgym")``) with the exact M_exp."""
-    from dreamgym.curriculum.config import CURRICULUM_FIELDS
-    from dreamgym.pipeline import DemoConfig
-    from dreamgym.rl.config import RLConfig
+    from dreamgym.pipeline import DemoConfig, dream_overrides, rl_config
     from dreamgym.rl.evaluate import EVAL_TASKS
     from dreamgym.rl.trainer import train
 
     cfg = DemoConfig(**yaml.safe_load((seed_dir / "demo_config.yaml").read_text()))
     if not (run / "dream_buffer").is_dir():
         shutil.copytree(run / "buffer", run / "dream_buffer", ignore=shutil.ignore_patterns("lock"))
-    dream_cfg = {**{k: v for k, v in cfg.dream.items() if k not in CURRICULUM_FIELDS},
-                 "experience_model": str(run / "exp"), "buffer": str(run / "dream_buffer"),
-                 "offline_data": [str(seed_dir / "offline.jsonl")]}
-    rl_cfg = RLConfig.model_validate({
-        "max_steps": cfg.max_steps, **cfg.rl, "env": cfg.env, "env_kwargs": cfg.env_kwargs, "seed": cfg.seed,
-        "eval_episodes": cfg.eval_episodes, "init": str(seed_dir / "sft"), "dream": dream_cfg,
-        "curriculum": {k: v for k, v in cfg.dream.items() if k in CURRICULUM_FIELDS},
-        "iterations": cfg.dream_iterations})
+    rl_cfg = rl_config(cfg, dream_overrides(cfg, seed_dir / "sft", run / "exp", run / "dream_buffer",
+                                            seed_dir / "offline.jsonl"))
     out = run / "dreamgym"
     s = train(rl_cfg, out, resume=(out / "checkpoint").exists() or (out / "checkpoint.old").exists())
     paired = {}

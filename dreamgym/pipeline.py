@@ -33,6 +33,7 @@ from dreamgym.types import read_yaml_mapping
 
 if TYPE_CHECKING:
     from dreamgym.envs import ScriptedPolicy, TextEnv
+    from dreamgym.rl.config import RLConfig
 
 console = Console(stderr=True)
 
@@ -516,20 +517,40 @@ def fidelity(cfg: DemoConfig, out: Path, exp_dir: Path) -> dict[str, Any]:
     return {"heldout": data, **{k: report.get(k) for k in FIDELITY_KEYS}}
 
 
+def rl_config(cfg: DemoConfig, overrides: dict[str, Any]) -> RLConfig:
+    """An RL row's config: the demo's ``rl`` settings, env, seed and evaluation, then ``overrides``."""
+    from dreamgym.rl.config import RLConfig
+
+    return RLConfig.model_validate({"max_steps": cfg.max_steps, **cfg.rl, "env": cfg.env, "env_kwargs": cfg.env_kwargs,
+                                    "seed": cfg.seed, "eval_episodes": cfg.eval_episodes, **overrides})
+
+
+def dream_overrides(cfg: DemoConfig, init: Path, model_dir: Path, buffer: Path, offline: Path,
+                    curriculum_over: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    """:func:`rl_config` overrides of a dream row: from policy ``init``, in the dream of M_exp ``model_dir`` retrieving
+    from ``buffer``. The demo's ``dream`` holds DreamConfig's fields and the curriculum's (RLConfig.curriculum)."""
+    from dreamgym.curriculum.config import CURRICULUM_FIELDS
+
+    dream_cfg = {**{k: v for k, v in cfg.dream.items() if k not in CURRICULUM_FIELDS},
+                 "experience_model": str(model_dir), "buffer": str(buffer), "offline_data": [str(offline)]}
+    curriculum = {k: v for k, v in cfg.dream.items() if k in CURRICULUM_FIELDS}
+    return {"init": str(init), "dream": dream_cfg, "curriculum": {**curriculum, **(curriculum_over or {})},
+            "iterations": cfg.dream_iterations, **extra}
+
+
 def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, Any]]:
     """Run (or reuse, :func:`_stage`) every stage in ``out``; ``force``: redo the stages made under another config
     and those that depend on them, instead of refusing."""
     from dreamgym.agent.policy import PolicyConfig, load_policy
     from dreamgym.baselines.sft import train_bc
     from dreamgym.collect import summarize
-    from dreamgym.curriculum.config import CURRICULUM_FIELDS
     from dreamgym.envs.pool import env_factory
     from dreamgym.experience.protocol import ProtocolConfig
     from dreamgym.experience.train import train_experience_model
     from dreamgym.plots import plot_success_vs_real, plot_task_variance
     from dreamgym.report import write_report
     from dreamgym.rl.evaluate import EVAL_TASKS, run_eval_episodes, write_per_task
-    from dreamgym.rl.trainer import RLConfig, train
+    from dreamgym.rl.trainer import train
     from dreamgym.sft import SFTConfig
 
     keys = stage_keys(cfg)
@@ -586,8 +607,7 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
     rows = [stage("sft", "SFT warm start (behaviour cloning)", sft)]  # the SFT policy starts every RL row
 
     def rl_stage(name: str, run_dir: Path, overrides: dict[str, Any]) -> dict[str, Any]:
-        rl_cfg = RLConfig.model_validate({"max_steps": cfg.max_steps, **cfg.rl, "env": env, "env_kwargs": cfg.env_kwargs,
-                                          "seed": cfg.seed, "eval_episodes": cfg.eval_episodes, **overrides})
+        rl_cfg = rl_config(cfg, overrides)
         resume = (run_dir / "checkpoint").exists() or (run_dir / "checkpoint.old").exists()
         s = train(rl_cfg, run_dir, resume=resume, console=console)
         return {"method": name, "real_transitions": s["real_transitions"], "episodes": s["eval_episodes"],
@@ -602,10 +622,7 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
     if "ppo_real" in cfg.rows:
         by_row["ppo_real"] = stage("ppo_real", f"PPO in the real {env}", lambda: rl_stage(
             ROWS["ppo_real"], out / "ppo_real", {"init": str(sft_dir), "algo": "ppo"}))
-    # the demo's `dream` holds DreamConfig's fields and the curriculum's (RLConfig.curriculum); the dream adds its
-    # rollouts to a copy of M_exp's buffer, so that M_exp's stage outputs stay as it made them
-    curriculum = {k: v for k, v in cfg.dream.items() if k in CURRICULUM_FIELDS}
-
+    # the dream adds its rollouts to a copy of M_exp's buffer, so that M_exp's stage outputs stay as it made them
     def dream(row: str, exp: str = "", extra: dict[str, Any] | None = None,
               curriculum_over: dict[str, Any] | None = None) -> dict[str, Any]:
         """GRPO (or ``extra``'s algo) in the dream of M_exp ``experience_model{exp}`` into ``out/row``."""
@@ -616,11 +633,8 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
             _remove(partial)
             shutil.copytree(buffer, partial)
             os.replace(partial, dream_buffer)
-        dream_cfg = {**{k: v for k, v in cfg.dream.items() if k not in CURRICULUM_FIELDS},
-                     "experience_model": str(model_dir), "buffer": str(dream_buffer), "offline_data": [str(offline)]}
-        return rl_stage(ROWS[row], out / row, {"init": str(sft_dir), "dream": dream_cfg,
-                                                "curriculum": {**curriculum, **(curriculum_over or {})},
-                                                "iterations": cfg.dream_iterations, **(extra or {})})
+        return rl_stage(ROWS[row], out / row, dream_overrides(cfg, sft_dir, model_dir, dream_buffer, offline,
+                                                             curriculum_over, **(extra or {})))
 
     def train_exp_ablation(name: str) -> None:
         suffix = name.removeprefix("train_exp")
