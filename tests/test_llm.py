@@ -244,3 +244,31 @@ def test_tokenizer_building_cuts_a_pathological_line(caplog: pytest.LogCaptureFi
         tok = build_tokenizer(["[1] button: Buy Now", huge, "search[red shoes]"], 400)
     assert any(f"1 cut to {TOKENIZER_TEXT_CHARS}" in r.getMessage() for r in caplog.records)
     assert tok.decode(tok("search[red shoes]", add_special_tokens=False).input_ids) == "search[red shoes]"
+
+
+def test_words_tokenizer_gives_a_word_the_same_tokens_wherever_it_stands() -> None:
+    """The ``words`` style: a task's word and the same word in an action or a page (after a space, a bracket, an
+    ``=``, capitalised) are the same token ids; ids match across case letter by letter; decoding is lossless."""
+    from dreamgym.llm.tiny import CASE_MARK, build_tokenizer
+
+    texts = ["i want lamb flavor dog food in size 30 lb", "[6] option: flavor=lamb (selected)", "click[lamb]",
+             "[1] text: B0MBYH8H Detor Grain Free Dog Food", "grain free lamb"] * 40
+    words, gpt2 = build_tokenizer(texts, 300, style="words"), build_tokenizer(texts, 300)
+
+    def ids(tok: object, text: str) -> list[int]:
+        return tok(text, add_special_tokens=False).input_ids  # type: ignore[operator,no-any-return]
+
+    lamb = ids(words, "lamb")
+    for text in ("in lamb flavor", "click[lamb]", "flavor=lamb (selected)"):
+        seq = ids(words, text)
+        assert any(seq[i:i + len(lamb)] == lamb for i in range(len(seq))), text
+    mark = ids(words, CASE_MARK)
+    assert ids(words, "Grain") == mark + ids(words, "grain")
+    id_upper, id_lower = ids(words, "B0MBYH8H"), ids(words, "b0mbyh8h")
+    assert [t for t in id_upper if t not in mark] == id_lower and len(id_lower) == 8  # one token a character
+    # The GPT-2 style does not have the property (the reason for the style): " lamb" and "[lamb" differ.
+    assert ids(gpt2, " lamb")[-1] not in ids(gpt2, "click[lamb]")
+    for text in ("[1] text: B0MBYH8H Detor Grain Free Dog Food, ŽŸ ☃\n\tx  y", "Search[Red SHOES] $12.50"):
+        assert words.decode(ids(words, text)) == text
+    with pytest.raises(ValueError, match="tokenizer style"):
+        build_tokenizer(texts, 300, style="spaces")

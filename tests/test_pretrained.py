@@ -198,6 +198,22 @@ def test_copy_probe_separates_a_copier_from_a_format_learner() -> None:
     assert max(copy_probe(Majority(len(tokenizer)), tokenizer, per_skill=3).values()) < 0.3
 
 
+def test_answer_probe_scores_whole_answers_beside_the_majority_answer() -> None:
+    """The answer probe passes the oracle (every buy score and chosen option whole) and fails a random-init model
+    of the base's shape, under either tokenizer style; its majority baseline is a share, below 1."""
+    from transformers import AutoTokenizer
+
+    from dreamgym.llm.tiny import build_model, tiny_shape
+    from dreamgym.pretrain.train import answer_probe, base_tokenizer
+
+    for tokenizer in (AutoTokenizer.from_pretrained(ASSET_DIR), base_tokenizer(0, 400, "1", "words")):
+        oracle = answer_probe(_Oracle(len(tokenizer)), tokenizer, per_skill=8)
+        assert {s: a["accuracy"] for s, a in oracle.items()} == {"buy": 1.0, "choose": 1.0}
+        assert all(0 < a["majority"] < 1 for a in oracle.values())
+        fresh = answer_probe(build_model(tiny_shape("micro"), tokenizer, seed=0), tokenizer, per_skill=8)  # type: ignore[arg-type]
+        assert max(a["accuracy"] for a in fresh.values()) <= 0.25
+
+
 def test_pretrain_command_writes_a_checked_base(tmp_path: Path) -> None:
     out = tmp_path / "base"
     r = run("model", "pretrain", "--out", str(out), "--preset", "micro", "--tokens", "20000", "--vocab-size", "400",

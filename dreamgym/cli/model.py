@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -59,6 +60,9 @@ def pretrain(
     group_by_length: bool = typer.Option(False, help="batch examples of similar length (less padding, faster)"),
     induction_steps: int = typer.Option(0, min=0, help="steps of the procedural copy warm-up (random tokens shown "
                                         "twice) before the corpus, on a fresh model"),
+    max_length: int = typer.Option(768, min=16, help="tokens an example is cut to (from the left of its prompt)"),
+    tokenizer_style: str = typer.Option("bytes", help="bytes (GPT-2 byte-level BPE, the shipped base's) or words "
+                                        "(a word is the same tokens wherever it stands: dreamgym.llm.tiny.WORD_SPLIT)"),
 ) -> None:
     """Pre-train a tiny base model on the procedural copy-and-compare corpus (dreamgym.pretrain.corpus)."""
     import shlex
@@ -70,10 +74,10 @@ def pretrain(
 
     hf_logging.set_verbosity_error()
     command = "dreamgym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    manifest = pretrain_base(out, preset, tokens, seed, vocab_size, learning_rate, batch_size,
+    manifest = pretrain_base(out, preset, tokens, seed, vocab_size, learning_rate, batch_size, max_length=max_length,
                              time_cap_s=time_cap, num_threads=threads, command=command, init=init,
                              corpus_version=corpus_version, group_by_length=group_by_length,
-                             induction_steps=induction_steps)
+                             induction_steps=induction_steps, tokenizer_style=tokenizer_style)
     console.print(f"pre-trained {preset} ({manifest['params'] / 1e6:.2f}M params) on {manifest['tokens_seen']:,} "
                   f"tokens in {manifest['train_seconds']:.0f} s, loss {manifest['train_loss']:.3f}: {out}")
 
@@ -87,7 +91,8 @@ def probe(
     threads: int = typer.Option(1, min=1, help="torch CPU threads"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
-    """Copy probe: teacher-forced target-token accuracy per corpus skill on held-out fresh-site examples.
+    """Copy probe: teacher-forced target-token accuracy per corpus skill on held-out fresh-site examples, and the
+    answer probe: the share of buy scores and chosen options predicted whole, beside the majority answer's.
 
     The shipped base, which copies nothing yet, scores 0.45-0.65 on the copy skills (open, select, invalid);
     a perfect copier scores 1.0."""
@@ -98,7 +103,7 @@ def probe(
     from transformers.utils import logging as hf_logging
 
     from dreamgym.llm.pretrained import resolve_model
-    from dreamgym.pretrain.train import copy_probe
+    from dreamgym.pretrain.train import answer_probe, copy_probe
 
     hf_logging.set_verbosity_error()
     torch.set_num_threads(threads)
@@ -106,13 +111,16 @@ def probe(
     for need in (Path(path) / "config.json", Path(tokenizer or path) / "tokenizer.json"):
         if not need.is_file():
             raise ValueError(f"{need}: missing (is {model} a model directory?)")
-    got = copy_probe(AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(tokenizer or path),
-                     per_skill=per_skill)
+    lm, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(tokenizer or path)
+    got: dict[str, Any] = copy_probe(lm, tok, per_skill=per_skill)
+    answers = answer_probe(lm, tok, per_skill=4 * per_skill)
     if as_json:
-        print(json.dumps(got))
+        print(json.dumps({**got, "answers": answers}))
     else:
         for skill, acc in got.items():
             console.print(f"{skill}: {acc:.3f}", highlight=False)
+        for skill, a in answers.items():
+            console.print(f"{skill} answer: {a['accuracy']:.3f} (majority answer {a['majority']:.3f})", highlight=False)
 
 
 @model_app.command("info")

@@ -114,15 +114,47 @@ TOKENIZER_TEXT_CHARS = 8192
 TOKENIZER_CORPUS_CHARS = 64_000_000
 
 
-def build_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+# The ``words`` tokenizer style: a word is the same tokens wherever it stands. GPT-2's byte-level BPE glues the
+# space to the next word, so "lamb" in "in lamb flavor" (` l` `am` `b`) and in "click[lamb]" (`la` `mb`) share no
+# token, nor do "Grain" and "grain": a small model then has to learn spelling before it can match an option or
+# an attribute with the task's words (issue 12's compare skill). Here a capital letter becomes CASE_MARK + the
+# lower-case letter (normalizer; the decoder undoes it), every whitespace, digit and punctuation character is a
+# token of its own, and so is every letter of an identifier with a digit in it (``B0QH9VSU`` and the click
+# ``b0qh9vsu`` are then the same letter tokens); BPE merges only inside a run of lower-case letters.
+CASE_MARK = "\ue000"  # a private-use character: text that contains it decodes without it (counted nowhere: rare)
+_ID_CHAR = f"[a-z0-9{CASE_MARK}]"
+WORD_SPLIT = (rf"\s|[^a-z\s]|[a-z](?={_ID_CHAR}*[0-9])|"
+              + "|".join(f"(?<=[0-9]{_ID_CHAR}{{{i}}})[a-z]" for i in range(24)))
+TOKENIZER_STYLES = ("bytes", "words")
+
+
+def _words_style(tok: Tokenizer) -> None:
+    from tokenizers import Regex, normalizers
+
+    upper = [chr(c) for c in range(ord("A"), ord("Z") + 1)]
+    tok.normalizer = normalizers.Sequence([normalizers.Replace(u, CASE_MARK + u.lower()) for u in upper])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(WORD_SPLIT), "isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    # The byte-level decoder joins all tokens into one string; the replacements then see marks and letters together.
+    tok.decoder = decoders.Sequence([decoders.ByteLevel(),
+                                     *(decoders.Replace(CASE_MARK + u.lower(), u) for u in upper),
+                                     decoders.Replace(CASE_MARK, "")])
+
+
+def build_tokenizer(texts: Iterable[str], vocab_size: int, style: str = "bytes") -> PreTrainedTokenizerFast:
     """Train a byte-level BPE (GPT-2 style: every byte is in the alphabet, so nothing is ever unknown) on at most
-    :data:`TOKENIZER_CORPUS_CHARS` characters, each text cut to :data:`TOKENIZER_TEXT_CHARS`."""
+    :data:`TOKENIZER_CORPUS_CHARS` characters, each text cut to :data:`TOKENIZER_TEXT_CHARS`. ``style="words"``
+    pre-tokenizes so that a word is the same tokens wherever it stands (:data:`WORD_SPLIT`, :data:`CASE_MARK`)."""
     specials = [PAD, BOS, EOS, *ROLE_TOKENS]
     if vocab_size < 256 + len(specials) + 2:
         raise ValueError(f"vocab size {vocab_size} is too small for a byte-level BPE (need > {256 + len(specials) + 2})")
+    if style not in TOKENIZER_STYLES:
+        raise ValueError(f"tokenizer style {style!r}: not one of {', '.join(TOKENIZER_STYLES)}")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
+    if style == "words":
+        _words_style(tok)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - 2,  # room for <think> and </think>, added below
         special_tokens=specials,

@@ -42,8 +42,9 @@ def _text(ex: SFTExample) -> str:
     return f"{prompt}\n{ex.target}"
 
 
-def base_tokenizer(seed: int, vocab_size: int, version: str = "1") -> Any:
-    """A byte-level BPE trained on the corpus, with the protocol tags as tokens and copy-friendly splits."""
+def base_tokenizer(seed: int, vocab_size: int, version: str = "1", style: str = "bytes") -> Any:
+    """A byte-level BPE trained on the corpus, with the protocol tags as tokens and copy-friendly splits
+    (``style="words"``: :data:`~dreamgym.llm.tiny.WORD_SPLIT`, which has them already)."""
     from dreamgym.experience.protocol import TAG_TEXTS
     from dreamgym.experience.train import copy_friendly
     from dreamgym.llm.tiny import build_tokenizer
@@ -53,9 +54,9 @@ def base_tokenizer(seed: int, vocab_size: int, version: str = "1") -> Any:
     # shipped base) takes another seed's; later versions another stream of the same seed (the same lexicon).
     stream = examples(seed + 1_000_003) if version == "1" else examples(seed, version, stream="tokenizer")
     texts = (_text(ex) for ex in itertools.islice(stream, TOKENIZER_EXAMPLES))
-    tokenizer = build_tokenizer(texts, vocab_size)
+    tokenizer = build_tokenizer(texts, vocab_size, style)
     tokenizer.add_tokens([t for t in TAG_TEXTS if t not in tokenizer.get_vocab()])
-    return copy_friendly(tokenizer)
+    return tokenizer if style == "words" else copy_friendly(tokenizer)
 
 
 def corpus_until(tokenizer: Any, seed: int, tokens: int, max_length: int,
@@ -165,6 +166,45 @@ def copy_probe(model: Any, tokenizer: Any, per_skill: int = PROBE_PER_SKILL) -> 
     return out
 
 
+# The spans that decide a comparison: the score of a purchase (``buy``) and the chosen option (``choose``).
+ANSWER_SPANS = {"buy": ("<reward>", "</reward>"), "choose": ("<action>", "</action>")}
+
+
+def answer_probe(model: Any, tokenizer: Any, per_skill: int = 64) -> dict[str, dict[str, float]]:
+    """Whether a base compares, whatever its tokenizer: per comparison skill (:data:`ANSWER_SPANS`), the share of
+    held-out fresh-site examples whose whole answer (every token that overlaps the span's characters) is
+    predicted right, teacher-forced, beside the majority answer's share (always writing the most common score or
+    option number). :func:`copy_probe`'s token accuracy is not comparable across tokenizers (a style that spends
+    a token on each space has more easy tokens); this is."""
+    import random
+    from collections import Counter
+
+    import torch
+
+    from dreamgym.pretrain.corpus import example_of
+
+    rng = random.Random(PROBE_SEED + 1)
+    model.eval()
+    out: dict[str, dict[str, float]] = {}
+    with torch.no_grad():
+        for skill, (open_tag, close_tag) in ANSWER_SPANS.items():
+            right, answers = 0, Counter[str]()
+            for _ in range(per_skill):
+                ex = example_of(skill, rng)
+                start = ex.target.index(open_tag) + len(open_tag)
+                end = ex.target.index(close_tag, start)
+                answers[ex.target[start:end]] += 1
+                prompt = encode_prompt(tokenizer, ex.prompt)
+                enc = tokenizer(ex.target, add_special_tokens=False, return_offsets_mapping=True)
+                target = enc.input_ids
+                span = [i for i, (a, b) in enumerate(enc.offset_mapping) if a < end and b > start]
+                pred = model(torch.tensor([prompt + target])).logits[0, len(prompt) - 1 : -1].argmax(-1)
+                right += all(int(pred[i]) == target[i] for i in span)
+            out[skill] = {"accuracy": round(right / per_skill, 4),
+                          "majority": round(answers.most_common(1)[0][1] / per_skill, 4)}
+    return out
+
+
 def pretrain_base(
     out_dir: str | os.PathLike[str],
     shape: str = "128x4",
@@ -182,6 +222,7 @@ def pretrain_base(
     corpus_version: str = "1",
     group_by_length: bool = False,
     induction_steps: int = 0,
+    tokenizer_style: str = "bytes",
 ) -> dict[str, Any]:
     """Pre-train a ``shape`` tiny Llama on ``tokens`` corpus tokens into ``out_dir``; write ``MANIFEST.json``.
 
@@ -189,7 +230,8 @@ def pretrain_base(
     then its own) instead of a fresh initialisation; the manifest records it and counts its tokens too.
     ``corpus_version`` picks the corpus recipe (:data:`~dreamgym.pretrain.corpus.RECIPES`); ``group_by_length``
     batches examples of similar length (less padding: the same tokens in fewer seconds); ``induction_steps``
-    first runs :func:`induction_warmup` for that many steps on a fresh model (not on ``init``, not on a resume).
+    first runs :func:`induction_warmup` for that many steps on a fresh model (not on ``init``, not on a resume);
+    ``tokenizer_style`` is :func:`~dreamgym.llm.tiny.build_tokenizer`'s (a fresh tokenizer only).
     Returns the manifest. Rerunning with the same arguments resumes from ``out_dir/checkpoints``.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -218,7 +260,7 @@ def pretrain_base(
         tokenizer = AutoTokenizer.from_pretrained(init_dir)
         tokenizer.save_pretrained(out)
     else:
-        tokenizer = base_tokenizer(seed, vocab_size, corpus_version)
+        tokenizer = base_tokenizer(seed, vocab_size, corpus_version, tokenizer_style)
         tokenizer.save_pretrained(out)
     corpus, corpus_tokens = corpus_until(tokenizer, seed, tokens, max_length, corpus_version)
     prep_s = time.monotonic() - t0
@@ -258,6 +300,7 @@ def pretrain_base(
         "vocab_size": len(tokenizer),
         "seed": seed,
         "corpus_version": corpus_version,
+        "tokenizer_style": tokenizer_style if init_manifest is None else init_manifest.get("tokenizer_style", "bytes"),
         "corpus_examples": len(corpus),
         "corpus_tokens": corpus_tokens,
         "steps": done_steps,
@@ -271,6 +314,7 @@ def pretrain_base(
             "model_sha256": init_manifest["files"].get("model.safetensors")},
         "induction_warmup": warmup,
         "copy_probe": copy_probe(model, tokenizer),
+        "answer_probe": answer_probe(model, tokenizer),
         "time_cap_fired": done_steps < steps,
         "train_loss": stats["train_loss"],
         "train_seconds": stats["seconds"],
