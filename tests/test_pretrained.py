@@ -240,6 +240,9 @@ def test_pretrain_command_writes_a_checked_base(tmp_path: Path) -> None:
     assert r.returncode == 2 and "Traceback" not in r.stderr
     r = run("model", "pretrain", "--out", str(tmp_path / "bad2"), "--init", str(out), "--induction-steps", "5")
     assert r.returncode == 2 and "--induction-steps" in r.stderr and "Traceback" not in r.stderr
+    for bad in (["--tokenizer-style", "chars"], ["--tokenizer-style", "words", "--init", str(out)]):
+        r = run("model", "pretrain", "--out", str(tmp_path / "bad3"), *bad)
+        assert r.returncode == 2 and "--tokenizer-style" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_induction_warmup_trains_only_on_the_second_showing_and_is_seeded() -> None:

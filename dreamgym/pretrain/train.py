@@ -237,13 +237,17 @@ def pretrain_base(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from dreamgym.llm.pretrained import read_manifest, resolve_model
-    from dreamgym.llm.tiny import build_model, tiny_shape
+    from dreamgym.llm.tiny import TOKENIZER_STYLES, build_model, tiny_shape
     from dreamgym.pretrain.corpus import RECIPES
 
     if induction_steps and init is not None:
         raise ValueError("--induction-steps warms up a fresh model; it cannot be combined with --init")
     if corpus_version not in RECIPES:
         raise ValueError(f"--corpus-version {corpus_version!r}: not one of {', '.join(RECIPES)}")
+    if tokenizer_style not in TOKENIZER_STYLES:
+        raise ValueError(f"--tokenizer-style {tokenizer_style!r}: not one of {', '.join(TOKENIZER_STYLES)}")
+    if tokenizer_style != "bytes" and init is not None:
+        raise ValueError("--tokenizer-style makes a fresh tokenizer; --init keeps its base's, so give one of them")
     preset = tiny_shape(shape)
     if preset is None:
         raise ValueError(f"--preset {shape!r}: not a tiny shape (micro|small|base|<hidden>x<layers>)")
