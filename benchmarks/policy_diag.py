@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -100,16 +101,17 @@ class ScriptedFirst:
 
 
 def option_ranking(policy: Any, trajs: list[Trajectory]) -> dict[str, float]:
-    """Teacher-forced: how often the oracle's option scores highest among the page's option actions."""
+    """Teacher-forced: how often the oracle's option scores highest among the page's option actions (each scored
+    as the policy writes it: :func:`~dreamgym.agent.policy.action_target`)."""
     import torch
 
-    from dreamgym.agent.policy import build_agent_prompt, format_action_target
+    from dreamgym.agent.policy import action_target, build_agent_prompt
     from dreamgym.baselines.sft import agent_observations
     from dreamgym.sft import encode_prompt, encode_target
 
     tok, model = policy.llm.tokenizer, policy.llm.model
     hits = steps = 0
-    chance = 0.0
+    chance = option_mass = buy_mass = 0.0
     for traj in trajs:
         for obs, x in zip(agent_observations(traj), traj.transitions, strict=True):
             options = [a for a in obs.admissible_actions if f"={a[6:-1]}" in obs.state]  # click[v] for "name=v" lines
@@ -117,15 +119,20 @@ def option_ranking(policy: Any, trajs: list[Trajectory]) -> dict[str, float]:
                 continue
             prompt = encode_prompt(tok, build_agent_prompt(obs, policy.cfg))
             scores = []
-            for a in options:
-                target = encode_target(tok, format_action_target(a))
+            for a in [*options, "click[buy now]"]:
+                target = encode_target(tok, action_target(obs, a, policy.cfg))  # as the policy writes it
                 with torch.no_grad():
                     logits = model(torch.tensor([prompt + target])).logits[0, len(prompt) - 1 : -1]
                 scores.append(float(torch.log_softmax(logits, -1).gather(1, torch.tensor(target)[:, None]).sum()))
+            buy = scores.pop()
             hits += options[max(range(len(options)), key=scores.__getitem__)] == x.action
             steps += 1
             chance += 1 / len(options)
-    return {"option_steps": steps, "ranked_first": hits / max(steps, 1), "random_pick": chance / max(steps, 1)}
+            option_mass += sum(math.exp(v) for v in scores)
+            buy_mass += math.exp(buy)
+    # where the oracle clicks an option: the probability the policy gives any of the page's options, and buying
+    return {"option_steps": steps, "ranked_first": hits / max(steps, 1), "random_pick": chance / max(steps, 1),
+            "p_any_option": option_mass / max(steps, 1), "p_buy_now": buy_mass / max(steps, 1)}
 
 
 def breakdown(trajs: list[Trajectory], env: Any) -> dict[str, Any]:

@@ -157,7 +157,7 @@ def run_policy(args: argparse.Namespace, init: str, seed: int, results: dict[str
     if key in results["cells"]:
         return
     run = args.work / "policy" / f"{init}-s{seed}"
-    cfg = PolicyConfig(action_format="index", offer_task_search=True, answer_by_name=args.answer_by_name)
+    cfg = PolicyConfig(action_format=args.action_format, offer_task_search=True, answer_by_name=args.answer_by_name)
     sft = SFTConfig(epochs=2.0, max_steps=args.policy_steps, learning_rate=args.policy_lr, batch_size=32,
                     max_length=args.policy_max_length,
                     time_budget_s=float(args.time_cap or args.budget), num_threads=args.threads, seed=seed, save_steps=100000)
@@ -275,6 +275,8 @@ def main() -> None:
                         help="policy: tokens per BC example (longer prompts lose their start, the task)")
     parser.add_argument("--answer-by-name", action="store_true",
                         help="policy: clone option and button clicks as their text (PolicyConfig.answer_by_name)")
+    parser.add_argument("--action-format", choices=["index", "typed"], default="index",
+                        help="policy: PolicyConfig.action_format (typed: answer an option's element type and rank)")
     parser.add_argument("--keep-detours", action="store_true",
                         help="policy: clone a noisy policy's random detour steps too (as before detours were recorded)")
     parser.add_argument("--policy-lr", type=float, default=2e-3, help="policy: BC learning rate (the base's pre-training one; not tuned)")

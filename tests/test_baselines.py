@@ -14,6 +14,7 @@ from dreamgym.agent.policy import (
     AgentObservation,
     PolicyConfig,
     action_target,
+    build_agent_prompt,
     env_action,
     format_action_target,
     load_policy,
@@ -116,6 +117,34 @@ def test_answer_by_name_clones_word_actions_as_text_and_ids_as_numbers() -> None
     assert action_target(obs, "click[red]", plain) == "<action>2</action>"
     # either answer is read back as the env action
     assert env_action("<action>click[red]</action>", obs, cfg) == env_action("<action>2</action>", obs, cfg) == "click[red]"
+
+
+def test_typed_answers_label_an_action_by_its_element_type_and_rank() -> None:
+    state = ("[1] text: B0N38ATR — Torzu Sheets\n[2] option: color=red\n[3] option: color=blue\n[4] button: Buy Now\n"
+             "[5] link: B0ZZ11QQ — Other Sheets | $3.00\n[6] searchbox: search[your query]")
+    obs = AgentObservation("i want blue sheets", state, ["click[red]", "click[blue]", "click[buy now]",
+                                                         "click[b0zz11qq]", "search[blue sheets]", "go north"], [])
+    cfg = PolicyConfig(action_format="typed")
+    assert [action_target(obs, a, cfg) for a in obs.admissible_actions] == [
+        "<action>option 1</action>", "<action>option 2</action>", "<action>button 1</action>",
+        "<action>link 1</action>", "<action>searchbox 1</action>", "<action>go 1</action>"]
+    assert "option 2: click[blue]" in build_agent_prompt(obs, cfg)[1]["content"]
+    # a label is read back as its action; a label the page lacks names nothing; free text passes as it is
+    assert [env_action(f"<action>{a}</action>", obs, cfg) for a in ("option 2", "Button 1", "option 3", "link 0")] == [
+        "click[blue]", "click[buy now]", None, None]
+    assert env_action("<action>search[red sheets]</action>", obs, cfg) == "search[red sheets]"
+    # every action of the shop's search, results and item pages round-trips through its label
+    shop = make("shop")
+    state, info = shop.reset(seed=0)
+    for step in range(3):
+        page = AgentObservation(info["task"].instruction, state, info["admissible_actions"], [])
+        labels = [action_target(page, a, cfg) for a in page.admissible_actions]
+        assert len(set(labels)) == len(labels)
+        assert [env_action(t, page, cfg) for t in labels] == list(page.admissible_actions)
+        action = f"search[{info['task'].instruction}]" if step == 0 else next(
+            a for a in page.admissible_actions if a not in ("click[back to search]", "click[next >]"))
+        state, _, _, _, info = shop.step(action)
+    assert "option" in state  # the last page checked was an item page with options
 
 
 def test_preference_pairs_take_the_first_differing_step_against_the_closest_success() -> None:

@@ -20,6 +20,15 @@ test success with text actions), while choosing among numbered options is classi
 search (it is then always option 1): an agent-side affordance, nothing the env is told. What the env receives
 is always the full action text.
 
+``action_format="typed"`` labels each option with the type of the state element it acts on and its rank among
+the page's options of that type, ``option 2: click[blue]``, ``button 3: click[buy now]``, ``link 1: click[b0n38atr]``
+(an action that names no element: its verb, ``search 1: search[...]``, ``go 2: go north``), and the agent answers
+the label, ``<action>option 2</action>``. The first token of the answer is then the kind of element to act on: a
+decision a small model can learn without copying a word, where in ``index`` or by-name answers the mass of "click
+some option" is spread over option numbers or names and a single button wins greedy decoding (README, "Typed
+answers"). The labels come from the prompt's ``[id] type: text`` lines alone, so any env with abstract states
+gets them.
+
 ``LLMPolicy.act`` keeps exactly what the model generated (prompt ids, response ids, per-token log-probs) for
 RL: nothing is re-tokenised between acting and training.
 """
@@ -62,7 +71,9 @@ class PolicyConfig(BaseModel):
     temperature: float = Field(default=1.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     invalid_action_penalty: float = Field(default=0.1, ge=0, description="subtracted from an invalid step's reward")
-    action_format: Literal["text", "index"] = Field(default="text", description="index: answer an option number")
+    action_format: Literal["text", "index", "typed"] = Field(
+        default="text", description="index: answer an option number; typed: answer an option's label, the type of "
+        "the element it acts on and its rank among those (option 2)")
     offer_task_search: bool = Field(default=False, description="add search[<instruction>] where search is offered")
     answer_by_name: bool = Field(default=False, description="index format: clone a short word action (an option, a "
                                  "button: see is_word_action) as its text, and only ids and long actions as option "
@@ -99,6 +110,40 @@ def agent_options(obs: AgentObservation, cfg: PolicyConfig) -> list[str]:
     return options
 
 
+_ELEMENT = re.compile(r"^\[[^\]]*\]\s*([A-Za-z_][\w -]*?)\s*:\s*(.*)$")
+_LABEL = re.compile(r"^([a-z_][\w-]*) (\d+)$")
+
+
+def element_type(action: str, state: str) -> str:
+    """The type of the state element ``action`` acts on (``[id] type: text`` lines): ``click[x]`` on the element
+    whose text is ``x``, ends with ``=x`` or starts with ``x`` and a space (an id's link), case ignored; an action
+    whose verb opens an element's text (``search[...]`` on ``searchbox: search[your query]``) on that element.
+    Else the action's verb (``search``, ``take``): the word before ``[`` or the first word."""
+    verb = action.split("[", 1)[0] if "[" in action else action.split(" ", 1)[0]
+    arg = action[len(verb) + 1 : -1].lower() if action.endswith("]") and "[" in action else None
+    for line in state.splitlines():
+        m = _ELEMENT.match(line.strip())
+        if m is None:
+            continue
+        kind, text = m.group(1).strip().lower().replace(" ", "_"), m.group(2).strip().lower()
+        if arg is not None and (text == arg or text.endswith("=" + arg) or text.startswith(arg + " ")):
+            return kind
+        if arg is not None and text.startswith(verb.lower() + "["):
+            return kind
+    return verb.strip().lower() or "action"
+
+
+def action_labels(obs: AgentObservation, cfg: PolicyConfig) -> list[str]:
+    """``typed`` format: each of :func:`agent_options`' label, ``<element type> <rank among that type>``."""
+    seen: dict[str, int] = {}
+    labels = []
+    for a in agent_options(obs, cfg):
+        kind = element_type(a, obs.state)
+        seen[kind] = seen.get(kind, 0) + 1
+        labels.append(f"{kind} {seen[kind]}")
+    return labels
+
+
 def build_agent_prompt(obs: AgentObservation, cfg: PolicyConfig) -> ChatMessages:
     think = "<think>REASONING</think>" if cfg.thinking else ""
     lines = [f"TASK: {obs.instruction}", f"STEP: {len(obs.history)}"]
@@ -110,9 +155,13 @@ def build_agent_prompt(obs: AgentObservation, cfg: PolicyConfig) -> ChatMessages
     options = agent_options(obs, cfg)
     if cfg.action_format == "index" and options:
         lines.append("ACTIONS:\n" + "\n".join(f"{i} {a}" for i, a in enumerate(options, start=1)))
+    elif cfg.action_format == "typed" and options:
+        lines.append("ACTIONS:\n" + "\n".join(f"{lab}: {a}" for lab, a in zip(action_labels(obs, cfg), options,
+                                                                              strict=True)))
     elif cfg.show_admissible and options:
         lines.append("ACTIONS: " + " | ".join(options))
-    answer = "the number of an action, or an action" if cfg.action_format == "index" else "ACTION"
+    answer = {"index": "the number of an action, or an action", "typed": "the label of an action, or an action"}.get(
+        cfg.action_format, "ACTION")
     return [
         {"role": "system", "content": SYSTEM_PROMPT.format(think=think, answer=answer)},
         {"role": "user", "content": "\n".join(lines)},
@@ -127,7 +176,11 @@ def format_action_target(action: str, thought: str | None = None) -> str:
 
 def action_target(obs: AgentObservation, action: str, cfg: PolicyConfig, thought: str | None = None) -> str:
     """The behaviour-cloning target for taking ``action`` at ``obs``: its option number in ``index`` format
-    when it is one of the options, else the action text."""
+    when it is one of the options, its label in ``typed`` format, else the action text."""
+    if cfg.action_format == "typed":
+        options = [a.lower() for a in agent_options(obs, cfg)]
+        if action.lower() in options:
+            return format_action_target(action_labels(obs, cfg)[options.index(action.lower())], thought)
     if cfg.action_format == "index" and not (cfg.answer_by_name and is_word_action(action)):
         options = [a.lower() for a in agent_options(obs, cfg)]
         if action.lower() in options:
@@ -173,6 +226,9 @@ def env_action(text: str, obs: AgentObservation, cfg: PolicyConfig) -> str | Non
     action = parse_action(text)
     if action is not None and cfg.action_format == "index":
         action = resolve_action(action, agent_options(obs, cfg))
+    elif action is not None and cfg.action_format == "typed" and _LABEL.match(action.lower()):
+        labels = action_labels(obs, cfg)  # a label names its option; a label the page lacks names nothing
+        action = agent_options(obs, cfg)[labels.index(action.lower())] if action.lower() in labels else None
     return action
 
 

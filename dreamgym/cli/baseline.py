@@ -25,7 +25,8 @@ def sft_cmd(
     vocab_size: int | None = typer.Option(None, help="BPE vocabulary of a preset (default: the preset's)"),
     history_window: int = typer.Option(3, help="previous actions shown in the agent prompt"),
     action_format: str = typer.Option("index", help="index: the policy answers an option number (the tiny CPU "
-                                      "default) | text: it writes the action itself"),
+                                      "default) | typed: an option's element type and rank (option 2) | text: it "
+                                      "writes the action itself"),
     answer_by_name: bool = typer.Option(False, help="index format: clone option and button clicks as their text, "
                                         "ids and long actions as numbers (the shop demo's default)"),
     seed: int = typer.Option(0, help="model init and data order seed"),
@@ -39,8 +40,8 @@ def sft_cmd(
 
     sft_cfg = SFTConfig(epochs=epochs, learning_rate=lr, batch_size=batch_size, time_budget_s=time_budget,
                         seed=seed, num_threads=threads)
-    if action_format not in ("index", "text"):
-        raise ValueError(f"--action-format {action_format!r}: index or text")
+    if action_format not in ("index", "typed", "text"):
+        raise ValueError(f"--action-format {action_format!r}: index, typed or text")
     policy_cfg = PolicyConfig(history_window=history_window, action_format=action_format,  # type: ignore[arg-type]
                               answer_by_name=answer_by_name)
     summary = train_bc(data, model, out, sft_cfg, policy_cfg, vocab_size)
