@@ -17,10 +17,14 @@ The runs it reads (each a committed command; the JSON records them):
         --heldout data/base/val_ann.jsonl --extra-heldout data/mix/val_n08_ann.jsonl --inits INIT --seeds S \
         --budget 2400 --steps 150 --points 2400 [--set sft.max_length=1024]
 
-The policy's prompt is longer in the words style (median 610 tokens against 438), so it gets 1024 tokens where the
+The policy's prompt is longer in the words style (median 615 tokens against 437 on the BC prompts of
+data/base/train_v.jsonl, 8% over 768: ``prompt_tokens`` in the output), so it gets 1024 tokens where the
 shipped base gets 768: neither cuts a prompt. Step budgets are the same (125 steps of 32; M_exp 150 of 16).
 
-    python benchmarks/words_base.py --out benchmarks/results/words_base.json
+    python benchmarks/words_base.py --diag runs/wordtok/diag_E.json runs/wordtok/diag_E12.json \
+        runs/wordtok/diag_words.json runs/wordtok/diag_words12.json --exp-a runs/mixC/E.json \
+        --exp-b runs/wordtok/exp.json --probe-a runs/wordtok/probe_shipped.json \
+        --prompt-data data/base/train_v.jsonl --out benchmarks/results/words_base.json
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-T95 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776}
+from pretrained_base import t95  # benchmarks/ is on sys.path when this script runs
+
 POLICY_KEYS = ("success_rate", "mean_reward", "invalid_action_rate")
 EXP_KEYS = ("terminal_reward_accuracy", "terminal_reward_majority_baseline", "terminal_reward_exact_accuracy",
             "done_accuracy", "done_majority_baseline", "invalid_output_rate", "next_state_exact", "next_state_f1",
@@ -44,7 +49,7 @@ def paired(a: list[float], b: list[float]) -> dict[str, Any]:
     out: dict[str, Any] = {"a": a, "b": b, "a_mean": statistics.fmean(a), "b_mean": statistics.fmean(b),
                            "diff_mean": statistics.fmean(d)}
     if len(d) >= 2:
-        half = T95.get(len(d), 1.96) * statistics.stdev(d) / len(d) ** 0.5
+        half = t95(len(d)) * statistics.stdev(d) / len(d) ** 0.5
         out["diff_ci"] = [out["diff_mean"] - half, out["diff_mean"] + half]
     return out
 
@@ -64,6 +69,28 @@ def ranking(paths: list[Path]) -> dict[str, float]:
     return out
 
 
+def prompt_tokens(data: Path, bases: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Per base: the median token count of the policy's behaviour-cloning prompts on ``data`` (the E config's
+    prompts), and the share over 768 and over 1024 tokens."""
+    from transformers import AutoTokenizer
+
+    from dreamgym.agent.policy import PolicyConfig
+    from dreamgym.baselines.sft import bc_examples
+    from dreamgym.llm.pretrained import resolve_model
+    from dreamgym.sft import encode_prompt
+    from dreamgym.types import read_trajectories
+
+    cfg = PolicyConfig(action_format="index", offer_task_search=True, answer_by_name=True)
+    prompts = [ex.prompt for ex in bc_examples(list(read_trajectories(data)), cfg)]
+    out = {}
+    for name, base in bases.items():
+        tok = AutoTokenizer.from_pretrained(resolve_model(base))
+        n = [len(encode_prompt(tok, p)) for p in prompts]
+        out[name] = {"median": statistics.median(n), "over_768": sum(x > 768 for x in n) / len(n),
+                     "over_1024": sum(x > 1024 for x in n) / len(n), "prompts": len(n)}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--policy-a", type=Path, default=Path("runs/bc/E.json"))
@@ -73,6 +100,8 @@ def main() -> None:
     ap.add_argument("--exp-b", nargs="*", type=Path, default=[])
     ap.add_argument("--probe-a", type=Path, default=None)
     ap.add_argument("--probe-b", type=Path, default=Path("runs/wordtok/probe.json"))
+    ap.add_argument("--prompt-data", type=Path, default=None, help="trajectories whose BC prompts are measured")
+    ap.add_argument("--base-b", default="runs/base_words", help="the words base (for --prompt-data)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     result: dict[str, Any] = {"commands": __doc__.split("\n\n")[1]}
@@ -99,6 +128,8 @@ def main() -> None:
     for side, path in (("a", args.probe_a), ("b", args.probe_b)):
         if path is not None and path.is_file():
             result[f"probe_{side}"] = json.loads(path.read_text())
+    if args.prompt_data is not None:
+        result["prompt_tokens"] = prompt_tokens(args.prompt_data, {"a": "pretrained", "b": args.base_b})
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

@@ -25,8 +25,8 @@ the page's options of that type, ``option 2: click[blue]``, ``button 3: click[bu
 (an action that names no element: its verb, ``search 1: search[...]``, ``go 2: go north``), and the agent answers
 the label, ``<action>option 2</action>``. The first token of the answer is then the kind of element to act on: a
 decision a small model can learn without copying a word, where in ``index`` or by-name answers the mass of "click
-some option" is spread over option numbers or names and a single button wins greedy decoding (README, "Typed
-answers"). The labels come from the prompt's ``[id] type: text`` lines alone, so any env with abstract states
+some option" is spread over option numbers or names and a single button wins greedy decoding (README, "A
+word-level tokenizer, longer cloning and typed answers"). The labels come from the prompt's ``[id] type: text`` lines alone, so any env with abstract states
 gets them.
 
 ``LLMPolicy.act`` keeps exactly what the model generated (prompt ids, response ids, per-token log-probs) for
@@ -114,31 +114,29 @@ _ELEMENT = re.compile(r"^\[[^\]]*\]\s*([A-Za-z_][\w -]*?)\s*:\s*(.*)$")
 _LABEL = re.compile(r"^([a-z_][\w-]*) (\d+)$")
 
 
-def element_type(action: str, state: str) -> str:
-    """The type of the state element ``action`` acts on (``[id] type: text`` lines): ``click[x]`` on the element
-    whose text is ``x``, ends with ``=x`` or starts with ``x`` and a space (an id's link), case ignored; an action
-    whose verb opens an element's text (``search[...]`` on ``searchbox: search[your query]``) on that element.
-    Else the action's verb (``search``, ``take``): the word before ``[`` or the first word."""
+def element_type(action: str, elements: Sequence[tuple[str, str]]) -> str:
+    """The type of the element ``action`` acts on, among a state's ``(type, text)`` elements (lower case, from its
+    ``[id] type: text`` lines): ``click[x]`` on the element whose text is ``x``, ends with ``=x`` or starts with
+    ``x`` and a space (an id's link); an action whose verb opens an element's text (``search[...]`` on
+    ``searchbox: search[your query]``) on that element. Else the action's verb (``search``, ``take``): the word
+    before ``[`` or the first word."""
     verb = action.split("[", 1)[0] if "[" in action else action.split(" ", 1)[0]
-    arg = action[len(verb) + 1 : -1].lower() if action.endswith("]") and "[" in action else None
-    for line in state.splitlines():
-        m = _ELEMENT.match(line.strip())
-        if m is None:
-            continue
-        kind, text = m.group(1).strip().lower().replace(" ", "_"), m.group(2).strip().lower()
-        if arg is not None and (text == arg or text.endswith("=" + arg) or text.startswith(arg + " ")):
-            return kind
-        if arg is not None and text.startswith(verb.lower() + "["):
-            return kind
+    if action.endswith("]") and "[" in action:
+        arg, opens = action[len(verb) + 1 : -1].lower(), verb.lower() + "["
+        for kind, text in elements:
+            if text == arg or text.endswith("=" + arg) or text.startswith((arg + " ", opens)):
+                return kind
     return verb.strip().lower() or "action"
 
 
 def action_labels(obs: AgentObservation, cfg: PolicyConfig) -> list[str]:
     """``typed`` format: each of :func:`agent_options`' label, ``<element type> <rank among that type>``."""
+    elements = [(m.group(1).strip().lower().replace(" ", "_"), m.group(2).strip().lower())
+                for m in map(_ELEMENT.match, (line.strip() for line in obs.state.splitlines())) if m is not None]
     seen: dict[str, int] = {}
     labels = []
     for a in agent_options(obs, cfg):
-        kind = element_type(a, obs.state)
+        kind = element_type(a, elements)
         seen[kind] = seen.get(kind, 0) + 1
         labels.append(f"{kind} {seen[kind]}")
     return labels
@@ -178,9 +176,9 @@ def action_target(obs: AgentObservation, action: str, cfg: PolicyConfig, thought
     """The behaviour-cloning target for taking ``action`` at ``obs``: its option number in ``index`` format
     when it is one of the options, its label in ``typed`` format, else the action text."""
     if cfg.action_format == "typed":
-        options = [a.lower() for a in agent_options(obs, cfg)]
-        if action.lower() in options:
-            return format_action_target(action_labels(obs, cfg)[options.index(action.lower())], thought)
+        for option, label in zip(agent_options(obs, cfg), action_labels(obs, cfg), strict=True):
+            if option.lower() == action.lower():
+                return format_action_target(label, thought)
     if cfg.action_format == "index" and not (cfg.answer_by_name and is_word_action(action)):
         options = [a.lower() for a in agent_options(obs, cfg)]
         if action.lower() in options:
