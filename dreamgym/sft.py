@@ -52,6 +52,8 @@ class SFTConfig(BaseModel):
     lr_scheduler: str = "cosine"
     logging_steps: int = 20
     save_steps: int = 500
+    save_total_limit: int | None = Field(default=2, ge=1, description="checkpoints kept (the newest); None: all, "
+                                         "e.g. to score a learning curve afterwards")
     seed: int = 0
     num_threads: int | None = Field(default=None, description="torch CPU threads (None: torch's default)")
     lora: bool = Field(default=False, description="train LoRA adapters (peft) instead of all weights")
@@ -225,7 +227,7 @@ def train_sft(
         lr_scheduler_type=cfg.lr_scheduler,
         logging_steps=cfg.logging_steps,
         save_steps=cfg.save_steps,
-        save_total_limit=2,
+        save_total_limit=cfg.save_total_limit,
         eval_strategy="epoch" if eval_ds is not None else "no",
         report_to=["tensorboard"],
         seed=cfg.seed,
