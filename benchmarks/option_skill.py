@@ -142,6 +142,9 @@ def main() -> None:
     ap.add_argument("--work", default="runs/option_skill")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    for path in (args.train, args.eval):
+        if not Path(path).is_file():
+            ap.error(f"{path}: no such data file (make it with dreamgym collect: see the docstring)")
 
     cfg = PolicyConfig(action_format=args.answer, offer_task_search=True)
     train_trajs = [t for t in read_data([args.train]) if t.success]
