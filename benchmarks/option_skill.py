@@ -44,26 +44,15 @@ from dreamgym.agent.policy import (
     build_agent_prompt,
     format_action_target,
 )
-from dreamgym.baselines.sft import agent_observations, init_model, read_data
+from dreamgym.baselines.sft import init_model, read_data
 from dreamgym.sft import SFTConfig, SFTExample, encode_prompt, encode_target, train_sft
-from dreamgym.types import Trajectory
 
 try:  # run as a script (benchmarks/ on sys.path) or as benchmarks.option_skill
+    from policy_diag import option_steps, target_logprob  # type: ignore[import-not-found]
     from pretrained_base import t95  # type: ignore[import-not-found]
 except ImportError:  # pragma: no cover
+    from benchmarks.policy_diag import option_steps, target_logprob
     from benchmarks.pretrained_base import t95
-
-
-def option_steps(trajs: list[Trajectory]) -> list[tuple[AgentObservation, str, list[str]]]:
-    """``(observation, oracle action, the page's option actions)`` at each non-detour step where the oracle
-    clicks one of two or more options (``click[v]`` for a ``name=v`` line of the state)."""
-    steps = []
-    for traj in trajs:
-        for obs, x in zip(agent_observations(traj), traj.transitions, strict=True):
-            options = [a for a in obs.admissible_actions if f"={a[6:-1]}" in obs.state]
-            if not x.info.get("detour") and x.action in options and len(options) >= 2:
-                steps.append((obs, x.action, options))
-    return steps
 
 
 def make_prompt(obs: AgentObservation, options: list[str], cfg: PolicyConfig, kind: str) -> Any:
@@ -94,19 +83,14 @@ def make_target(obs: AgentObservation, action: str, options: list[str], cfg: Pol
 
 def evaluate(model: Any, tok: Any, steps: list[tuple[AgentObservation, str, list[str]]], cfg: PolicyConfig,
              kind: str) -> dict[str, float]:
-    """Teacher-forced: how often the oracle's option has the highest log-probability among the page's options."""
-    import torch
-
+    """Teacher-forced: how often the option with the highest log-probability is one the task names
+    (``named_first``) and the oracle's (``ranked_first``)."""
     model.eval()
     hits = named = 0
     for obs, action, options in steps:
         prompt = encode_prompt(tok, make_prompt(obs, options, cfg, kind))
-        scores = []
-        for a in options:
-            target = encode_target(tok, make_target(obs, a, options, cfg, kind))
-            with torch.no_grad():
-                logits = model(torch.tensor([prompt + target], device=model.device)).logits[0, len(prompt) - 1 : -1]
-            scores.append(float(torch.log_softmax(logits.float().cpu(), -1).gather(1, torch.tensor(target)[:, None]).sum()))
+        scores = [target_logprob(model, prompt, encode_target(tok, make_target(obs, a, options, cfg, kind)))
+                  for a in options]
         top = options[max(range(len(options)), key=scores.__getitem__)]
         hits += top == action
         named += top in task_named(obs, options)
@@ -158,6 +142,8 @@ def main() -> None:
                  "rank_prior_oracle": sum(o[prior[len(o)]] == a for _, a, o in test) / len(test),
                  "random_pick": sum(1 / len(o) for _, _, o in test) / len(test),
                  "random_named": sum(len(task_named(ob, o)) / len(o) for ob, _, o in test) / len(test),
+                 # the reference that matches by string: named_first wherever the task names an option at all
+                 "string_match_named": sum(bool(task_named(ob, o)) for ob, _, o in test) / len(test),
                  "majority_rank": ranks.most_common(1)[0][1] / len(test),
                  "majority_rank_is": ranks.most_common(1)[0][0] + 1}
     examples = [SFTExample(make_prompt(o, opts, cfg, args.prompt), make_target(o, a, opts, cfg, args.prompt))
@@ -173,16 +159,17 @@ def main() -> None:
         model, tok = init_model(args.init, train_trajs, examples, None, seed)
         warmup = warm_up(model, tok, args.warmup_steps, args.threads) if args.warmup_steps else None
         before = evaluate(model, tok, test, cfg, args.prompt)
+        run = Path(args.work) / f"{args.prompt}-{args.answer}-s{seed}"
         t0 = time.monotonic()
-        stats = train_sft(model, tok, examples, Path(args.work) / f"{args.prompt}-{args.answer}-s{seed}",
+        stats = train_sft(model, tok, examples, run,
                           SFTConfig(max_steps=args.steps, learning_rate=args.lr, batch_size=16, max_length=768,
                                     warmup_ratio=0.05, seed=seed, num_threads=args.threads,
                                     save_steps=args.save_steps or 10**6, save_total_limit=None),
                           resume=False)
         after = evaluate(model, tok, test, cfg, args.prompt)
-        run = Path(args.work) / f"{args.prompt}-{args.answer}-s{seed}"
-        ckpts = sorted(run.glob("checkpoints/checkpoint-*"), key=lambda c: int(c.name.split("-")[1]))
-        curve = {c.name.split("-")[1]: score_dir(str(c), str(run), test, cfg, args.prompt) for c in ckpts}
+        ckpts = sorted((int(c.name.split("-")[1]), c) for c in run.glob("checkpoints/checkpoint-*"))
+        curve = {str(n): score_dir(str(c), str(run), test, cfg, args.prompt) for n, c in ckpts if n < args.steps}
+        curve[str(args.steps)] = after  # the last checkpoint is the model just scored
         rows.append({"seed": seed, "warmup": warmup, "before": before, "after": after, "curve": curve,
                      "train_loss": stats.get("train_loss"), "epochs": stats.get("epochs"),
                      "seconds": round(time.monotonic() - t0, 1)})

@@ -100,36 +100,49 @@ class ScriptedFirst:
         return "click[buy now]"
 
 
+def option_steps(trajs: list[Trajectory]) -> list[tuple[Any, str, list[str]]]:
+    """``(AgentObservation, oracle action, the page's option actions)`` at each non-detour step where the oracle
+    clicks one of two or more options (``click[v]`` for a ``name=v`` line of the state)."""
+    from dreamgym.baselines.sft import agent_observations
+
+    steps = []
+    for traj in trajs:
+        for obs, x in zip(agent_observations(traj), traj.transitions, strict=True):
+            options = [a for a in obs.admissible_actions if f"={a[6:-1]}" in obs.state]
+            if not x.info.get("detour") and x.action in options and len(options) >= 2:
+                steps.append((obs, x.action, options))
+    return steps
+
+
+def target_logprob(model: Any, prompt: list[int], target: list[int]) -> float:
+    """Teacher-forced log-probability of the ``target`` ids after the ``prompt`` ids."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + target], device=model.device)).logits[0, len(prompt) - 1 : -1]
+    return float(torch.log_softmax(logits.float().cpu(), -1).gather(1, torch.tensor(target)[:, None]).sum())
+
+
 def option_ranking(policy: Any, trajs: list[Trajectory]) -> dict[str, float]:
     """Teacher-forced: how often the oracle's option scores highest among the page's option actions (each scored
     as the policy writes it: :func:`~dreamgym.agent.policy.action_target`)."""
-    import torch
-
     from dreamgym.agent.policy import action_target, build_agent_prompt
-    from dreamgym.baselines.sft import agent_observations
     from dreamgym.sft import encode_prompt, encode_target
 
     tok, model = policy.llm.tokenizer, policy.llm.model
     hits = steps = 0
     chance = option_mass = buy_mass = 0.0
-    for traj in trajs:
-        for obs, x in zip(agent_observations(traj), traj.transitions, strict=True):
-            options = [a for a in obs.admissible_actions if f"={a[6:-1]}" in obs.state]  # click[v] for "name=v" lines
-            if x.info.get("detour") or x.action not in options or len(options) < 2:
-                continue
-            prompt = encode_prompt(tok, build_agent_prompt(obs, policy.cfg))
-            scores = []
-            for a in [*options, "click[buy now]"]:
-                target = encode_target(tok, action_target(obs, a, policy.cfg))  # as the policy writes it
-                with torch.no_grad():
-                    logits = model(torch.tensor([prompt + target])).logits[0, len(prompt) - 1 : -1]
-                scores.append(float(torch.log_softmax(logits, -1).gather(1, torch.tensor(target)[:, None]).sum()))
-            buy = scores.pop()
-            hits += options[max(range(len(options)), key=scores.__getitem__)] == x.action
-            steps += 1
-            chance += 1 / len(options)
-            option_mass += sum(math.exp(v) for v in scores)
-            buy_mass += math.exp(buy)
+    for obs, action, options in option_steps(trajs):
+        prompt = encode_prompt(tok, build_agent_prompt(obs, policy.cfg))
+        # each action as the policy writes it
+        scores = [target_logprob(model, prompt, encode_target(tok, action_target(obs, a, policy.cfg)))
+                  for a in [*options, "click[buy now]"]]
+        buy = scores.pop()
+        hits += options[max(range(len(options)), key=scores.__getitem__)] == action
+        steps += 1
+        chance += 1 / len(options)
+        option_mass += sum(math.exp(v) for v in scores)
+        buy_mass += math.exp(buy)
     # where the oracle clicks an option: the probability the policy gives any of the page's options, and buying
     return {"option_steps": steps, "ranked_first": hits / max(steps, 1), "random_pick": chance / max(steps, 1),
             "p_any_option": option_mass / max(steps, 1), "p_buy_now": buy_mass / max(steps, 1)}
