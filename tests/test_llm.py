@@ -200,6 +200,31 @@ def test_logprobs_match_a_forward_pass(llm: HFLLM, temperature: float) -> None:
     assert llm.generate(PROMPTS[:1], GREEDY)[0].logprobs is None
 
 
+CHOICES = ("<action>click[red shirt]</action>", "<action>click[blue]</action>", "<action>2</action>")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_guided_choice_gives_one_of_the_choices_with_renormalised_logprobs(llm: HFLLM, temperature: float) -> None:
+    params = SamplingParams(max_new_tokens=30, temperature=temperature, seed=5, logprobs=True, stop=["</action>"],
+                            choices=CHOICES)
+    ids = {c: llm.tokenizer(c, add_special_tokens=False).input_ids for c in CHOICES}
+    free = llm.generate(PROMPTS, SamplingParams(max_new_tokens=30, temperature=0.0, stop=["</action>"]))
+    assert not any(f.text + "</action>" in CHOICES for f in free)  # an untrained model writes none of them
+    for c in llm.generate(PROMPTS * 3, params):
+        choice = next(x for x, t in ids.items() if t == c.token_ids)  # exactly one choice's tokens
+        assert c.finish_reason == "stop" and c.text == choice[: -len("</action>")]
+        assert c.logprobs is not None and all(lp <= 1e-6 for lp in c.logprobs)
+        # where only one choice continues the prefix, its token has probability 1 under the guided distribution
+        for n, lp in enumerate(c.logprobs):
+            if len({t[n] for t in ids.values() if len(t) > n and t[:n] == c.token_ids[:n]}) == 1:
+                assert lp == pytest.approx(0.0, abs=1e-6)
+    # without a stop string the text is the whole choice
+    bare = llm.generate(PROMPTS[:1], SamplingParams(max_new_tokens=30, temperature=0.0, choices=CHOICES))[0]
+    assert bare.text in CHOICES
+    with pytest.raises(ValueError, match="choices"):
+        SamplingParams(choices=[])
+
+
 def test_bad_prompts_and_params_raise(llm: HFLLM) -> None:
     with pytest.raises(ValueError, match="empty prompt"):
         llm.generate_ids([[]], GREEDY)

@@ -86,6 +86,11 @@ def test_openai_backend_matches_hf_backend(llm: HFLLM, remote: OpenAILLM) -> Non
     assert [(c.text, c.token_ids) for c in remote.generate(PROMPTS, sampled)] == [
         (c.text, c.token_ids) for c in llm.generate(PROMPTS, sampled)
     ]
+    # guided choice travels as vLLM's guided_choice and is honoured by the server
+    guided = SamplingParams(max_new_tokens=12, temperature=0.9, seed=5, choices=["blue shirt", "red", "page 12"])
+    served_guided = remote.generate(PROMPTS, guided)
+    assert [(c.text, c.token_ids) for c in served_guided] == [(c.text, c.token_ids) for c in llm.generate(PROMPTS, guided)]
+    assert all(c.text in ("blue shirt", "red", "page 12") for c in served_guided)
 
 
 def test_concurrent_requests_share_forward_passes(app: FastAPI, remote: OpenAILLM, llm: HFLLM) -> None:
@@ -126,6 +131,8 @@ def test_bad_requests_get_4xx_json_errors(server: BackgroundServer) -> None:
         ({**ok, "temperature": -1}, 400, "temperature"),
         ({**ok, "max_tokens": "5"}, 400, "max_tokens"),
         ({**ok, "prompt": ["a", "b", "c"], "n": 3}, 400, "batch limit"),
+        ({**ok, "guided_choice": []}, 400, "guided_choice"),
+        ({**ok, "guided_choice": ["a", ""]}, 400, "guided_choice"),
     ]
     for body, status, message in cases:
         r = post(server, "/completions", body)

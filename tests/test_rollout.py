@@ -241,6 +241,23 @@ def test_greedy_eval_plays_the_scripted_eval_tasks_and_is_deterministic(policy: 
     assert first.episodes == 5 and 1 <= first.mean_steps <= 2
 
 
+@pytest.mark.parametrize("action_format", ["text", "index"])
+def test_admissible_decoding_makes_every_greedy_action_admissible(micro_dir: Path, action_format: str) -> None:
+    """An untrained policy writes invalid actions; guided to the admissible answers its greedy ones never are,
+    while its sampled (RL) actions stay free."""
+    llm = HFLLM.from_pretrained(micro_dir)
+    free, guided = (LLMPolicy(llm, PolicyConfig(max_new_tokens=40, action_format=action_format,  # type: ignore[arg-type]
+                                                decoding=d)) for d in ("free", "admissible"))
+    pool = LocalEnvPool(env_factory("shop", **SHOP), num_envs=4)
+    played = {p.cfg.decoding: [t for e in run_eval_episodes(p, pool, "test", episodes=6, seed=0, max_steps=3)
+                               for t in e.turns] for p in (free, guided)}
+    assert sum(t.invalid for t in played["free"]) > len(played["free"]) / 2
+    assert played["admissible"] and not any(t.invalid for t in played["admissible"])
+    assert all(t.action for t in played["admissible"])
+    sampled = collect_rollouts(pool, guided, pool.tasks("train")[:2], group_size=2, max_steps=2, seed=0)
+    assert any(t.invalid for e in sampled for t in e.turns)  # sampling is not guided
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     os.environ.get("DREAMGYM_TEST_RAY") != "1",

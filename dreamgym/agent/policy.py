@@ -39,7 +39,7 @@ import logging
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -75,6 +75,10 @@ class PolicyConfig(BaseModel):
         default="text", description="index: answer an option number; typed: answer an option's label, the type of "
         "the element it acts on and its rank among those (option 2)")
     offer_task_search: bool = Field(default=False, description="add search[<instruction>] where search is offered")
+    decoding: Literal["free", "admissible"] = Field(
+        default="free", description="admissible: greedy decoding is guided to the answer of one of the admissible "
+        "actions (SamplingParams.choices; a token trie), so the policy's argmax can never be an invalid action. "
+        "Sampling (RL rollouts) stays free: the loss scores tokens under the unmasked softmax")
     answer_by_name: bool = Field(default=False, description="index format: clone a short word action (an option, a "
                                  "button: see is_word_action) as its text, and only ids and long actions as option "
                                  "numbers")
@@ -294,9 +298,27 @@ class LLMPolicy:
                             cfg.max_admissible, self.shortened)
         return prompt
 
+    def choices(self, obs: AgentObservation) -> tuple[str, ...] | None:
+        """``decoding="admissible"``: the answers greedy decoding is guided to, one per admissible action (the
+        completion :func:`action_target` clones for it); None without admissible actions or with thinking."""
+        if self.cfg.decoding != "admissible" or self.cfg.thinking or not obs.admissible_actions:
+            return None
+        return tuple(dict.fromkeys(action_target(obs, a, self.cfg) for a in agent_options(obs, self.cfg)))
+
+    def generate(self, prompts: list[ChatMessages], batch: Sequence[AgentObservation], params: SamplingParams) -> list[Any]:
+        """One batched call; greedy with ``decoding="admissible"`` gives each row its own choices (a backend
+        without per-row parameters is called row by row)."""
+        if params.temperature > 0 or self.cfg.decoding == "free":
+            return self.llm.generate(prompts, params)
+        rows = [replace(params, choices=self.choices(o)) for o in batch]
+        generate_rows, encode = getattr(self.llm, "generate_rows", None), getattr(self.llm, "encode", None)
+        if generate_rows is not None and encode is not None:
+            return list(generate_rows([encode(p) for p in prompts], rows))
+        return [self.llm.generate([p], r)[0] for p, r in zip(prompts, rows, strict=True)]
+
     def act(self, batch: Sequence[AgentObservation], greedy: bool = False, seed: int | None = None) -> list[PolicyStep]:
         prompts = [self.fit_prompt(o) for o in batch]
-        completions = self.llm.generate(prompts, self.sampling(greedy, seed))
+        completions = self.generate(prompts, batch, self.sampling(greedy, seed))
         steps = []
         for o, c in zip(batch, completions, strict=True):
             action = env_action(c.text, o, self.cfg)

@@ -95,6 +95,8 @@ def eval_cmd(
     noise: float = typer.Option(None, help="error rate of the noisy policy"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     env_arg: list[str] = typer.Option(None, "--env-arg", help="env constructor argument key=value"),
+    decoding: str = typer.Option(None, help="a policy run dir's greedy decoding: free | admissible (guided to the "
+                                 "admissible actions' answers); default: the run's own"),
 ) -> None:
     """Evaluate a policy: success rate, mean reward, mean steps, invalid-action rate.
 
@@ -103,8 +105,10 @@ def eval_cmd(
     from dreamgym.collect import evaluate_scripted
     from dreamgym.envs import make
 
+    if decoding not in (None, "free", "admissible"):
+        raise ValueError(f"--decoding {decoding!r}: free or admissible")
     if Path(policy).is_dir():
-        _eval_llm_policy(env_name, policy, split, episodes, seed, as_json, env_arg)
+        _eval_llm_policy(env_name, policy, split, episodes, seed, as_json, env_arg, decoding)
         return
     env = make(env_name, **parse_env_args(env_arg))
     pol = env.scripted_policy(policy, seed=seed, **_policy_kwargs(noise))
@@ -128,17 +132,21 @@ def eval_cmd(
 
 
 def _eval_llm_policy(
-    env_name: str, run_dir: str, split: str, episodes: int, seed: int, as_json: bool, env_arg: list[str] | None
+    env_name: str, run_dir: str, split: str, episodes: int, seed: int, as_json: bool, env_arg: list[str] | None,
+    decoding: str | None = None,
 ) -> None:
     from dreamgym.agent.policy import load_policy
     from dreamgym.envs.pool import env_factory
     from dreamgym.rl.evaluate import evaluate_policy
 
     llm_policy = load_policy(run_dir)
+    if decoding is not None:
+        llm_policy.cfg = llm_policy.cfg.model_copy(update={"decoding": decoding})
     console.print(f"eval {run_dir} on {episodes} {split} episodes (greedy, batched)")
     result = evaluate_policy(llm_policy, env_factory(env_name, **parse_env_args(env_arg)), split=split,
                              episodes=episodes, seed=seed)
-    out = {"env": env_name, "policy": run_dir, "split": split, **result.to_dict(), "unparsed": llm_policy.unparsed}
+    out = {"env": env_name, "policy": run_dir, "split": split, "decoding": llm_policy.cfg.decoding,
+           **result.to_dict(), "unparsed": llm_policy.unparsed}
     if as_json:
         print(json.dumps(out))
     else:

@@ -44,6 +44,11 @@ class SamplingParams:
     stop: tuple[str, ...] | list[str] = ()
     seed: int | None = None
     logprobs: bool = False
+    # guided choice (vLLM's ``guided_choice``): the completion is one of these strings, token by token the
+    # argmax (greedy) or a sample of the distribution renormalised over the tokens that continue one of them
+    # (``logprobs`` are of that distribution). They must be prefix-free (e.g. each ends with a closing tag): a
+    # complete one ends the row with ``finish_reason == "stop"``. ``max_new_tokens`` still applies.
+    choices: tuple[str, ...] | list[str] | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -55,6 +60,10 @@ class SamplingParams:
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
         object.__setattr__(self, "stop", tuple(self.stop))  # a tuple keeps the frozen dataclass hashable
+        if self.choices is not None:
+            if not self.choices or any(not c for c in self.choices):
+                raise ValueError("choices must be a non-empty list of non-empty strings")
+            object.__setattr__(self, "choices", tuple(self.choices))
 
 
 @dataclass

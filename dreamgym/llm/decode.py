@@ -40,6 +40,12 @@ class Row:
     logprobs: list[float] = field(default_factory=list)
     text: str | None = None  # set when a stop string ended the row
     finish: FinishReason | None = None
+    choice_ids: list[list[int]] | None = None  # guided choice: the token ids of each allowed completion
+
+    def allowed(self) -> set[int]:
+        """Guided choice: the tokens that continue one of the choices after what the row has generated."""
+        n = len(self.token_ids)
+        return {ids[n] for ids in self.choice_ids or () if len(ids) > n and ids[:n] == self.token_ids}
 
     def completion(self, tokenizer: Any) -> Completion:
         text = self.text
@@ -82,7 +88,8 @@ class DecodeBatch:
     def add(self, prompt_ids: Sequence[list[int]], params: Sequence[SamplingParams]) -> list[Row]:
         """Prefill new rows, sample their first token and merge them into the batch. Some may already be
         finished when this returns (EOS, a stop string, or ``max_new_tokens == 1``)."""
-        rows = [Row(list(ids), p, self._generator(p)) for ids, p in zip(prompt_ids, params, strict=True)]
+        rows = [Row(list(ids), p, self._generator(p), choice_ids=self._choice_ids(p))
+                for ids, p in zip(prompt_ids, params, strict=True)]
         if not rows:
             return []
         width = max(len(r.prompt_ids) for r in rows)
@@ -135,15 +142,30 @@ class DecodeBatch:
             return None
         return torch.Generator(device=self.device).manual_seed(p.seed)
 
+    def _choice_ids(self, p: SamplingParams) -> list[list[int]] | None:
+        # each choice as the tokenizer spells it alone: how SFT tokenises a target (dreamgym.sft.encode_target)
+        return None if p.choices is None else [
+            list(self.tokenizer(c, add_special_tokens=False).input_ids) for c in p.choices]
+
     def _advance(self, rows: list[Row], logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
         """Sample a token for every row and append it to the unfinished ones; mark the rows that finish."""
-        tokens, logprobs = sample(logits.float(), temperature, top_p, [r.generator for r in rows])
+        logits = logits.float()
+        for j, row in enumerate(rows):  # guided choice: only tokens that continue a choice
+            if row.choice_ids is not None and row.finish is None and (allowed := row.allowed()):
+                mask = torch.full_like(logits[j], float("-inf"))
+                mask[list(allowed)] = 0.0
+                logits[j] = logits[j] + mask
+        tokens, logprobs = sample(logits, temperature, top_p, [r.generator for r in rows])
         for row, token, logprob in zip(rows, tokens.tolist(), logprobs.tolist(), strict=True):
             if row.finish is not None:
                 continue
             row.token_ids.append(token)
             row.logprobs.append(logprob)
-            if token in self.eos_ids:
+            if row.choice_ids is not None and row.token_ids in row.choice_ids:
+                cut = self._cut_at_stop(row.token_ids, row.params.stop) if row.params.stop else None
+                row.finish = "stop"  # the text is the choice, cut before a stop string it holds
+                row.text = cut if cut is not None else self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
+            elif token in self.eos_ids:
                 row.finish = "stop"
             elif row.params.stop and (text := self._cut_at_stop(row.token_ids, row.params.stop)) is not None:
                 row.finish, row.text = "stop", text

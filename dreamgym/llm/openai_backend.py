@@ -83,6 +83,8 @@ class OpenAILLM:
             "seed": params.seed,
             "extra_body": {"return_token_ids": True} if self.cfg.return_token_ids else None,
         }
+        if params.choices is not None:  # vLLM's and SGLang's guided choice
+            common["extra_body"] = {**(common["extra_body"] or {}), "guided_choice": list(params.choices)}
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
             chat = self._retrying(
                 lambda: self.client.chat.completions.create(

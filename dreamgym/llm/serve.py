@@ -7,7 +7,8 @@ join the running decode batch between steps and leave it when done. Rows carry t
 (temperature, top-p, stop, seed, max tokens), so any mix of requests shares one forward pass; no grouping by
 parameters is needed.
 
-Extensions (the names vLLM uses): request field ``return_token_ids: true`` adds ``token_ids`` (generated ids,
+Extensions (the names vLLM uses): ``guided_choice: [str, ...]`` constrains the completion to one of them
+(:class:`~dreamgym.llm.base.SamplingParams` ``choices``); request field ``return_token_ids: true`` adds ``token_ids`` (generated ids,
 as in :class:`~dreamgym.llm.base.Completion`) and ``prompt_token_ids`` to each choice. Log-probs follow the
 OpenAI formats (completions: ``logprobs.tokens/token_logprobs/text_offset``; chat: ``logprobs.content``);
 values are those of :mod:`dreamgym.llm.base`, and ``top_logprobs`` is always empty (not computed).
@@ -84,6 +85,7 @@ class _Request(BaseModel):
     seed: int | None = None
     stream: bool = False
     return_token_ids: bool = False
+    guided_choice: list[str] | None = None  # vLLM's: the completion is one of these (SamplingParams.choices)
     timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # seconds; a dreamgym extension
 
 
@@ -313,12 +315,15 @@ def create_app(llm: HFLLM, model_name: str, api_key: str | None = None, limits: 
         for ids in prompts:
             if lim.max_prompt_tokens is not None and len(ids) > lim.max_prompt_tokens:
                 raise HTTPError(400, f"prompt has {len(ids)} tokens; the limit is {lim.max_prompt_tokens}")
+        if req.guided_choice is not None and (not req.guided_choice or not all(req.guided_choice)):
+            raise HTTPError(400, "guided_choice must be a non-empty list of non-empty strings")
         rows: list[list[int]] = []
         params: list[SamplingParams] = []
         for ids in prompts:
             for _ in range(req.n):
                 seed = None if req.seed is None else req.seed + len(rows)
-                params.append(SamplingParams(max_tokens, req.temperature, req.top_p, stop, seed, logprobs))
+                params.append(SamplingParams(max_tokens, req.temperature, req.top_p, stop, seed, logprobs,
+                                             req.guided_choice))
                 rows.append(ids)
         if len(rows) > lim.max_batch:
             raise HTTPError(400, f"{len(rows)} rows (prompts x n) exceed the batch limit of {lim.max_batch}")
