@@ -177,7 +177,7 @@ def main() -> None:
     afters = [r["after"]["named_first"] for r in rows]
     mean = sum(afters) / len(afters)
     sd = (sum((a - mean) ** 2 for a in afters) / (len(afters) - 1)) ** 0.5 if len(afters) > 1 else 0.0
-    half = t95(len(afters) - 1) * sd / len(afters) ** 0.5 if len(afters) > 1 else None
+    half = t95(len(afters)) * sd / len(afters) ** 0.5 if len(afters) > 1 else None
     write(args, {"train_option_steps": len(train), "eval_option_steps": len(test), "baselines": baselines,
                  "named_first": {"mean": mean, "ci95_half": half}, "seeds": rows})
     print(json.dumps({"mean": mean, "ci95_half": half}))

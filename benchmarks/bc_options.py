@@ -1,0 +1,120 @@
+"""Behaviour cloning with the option steps repeated: does the shop policy learn the option choice when it sees
+enough of them?
+
+    .venv/bin/python benchmarks/bc_options.py --data data/opt/train20k.jsonl --option-repeat 6 --steps 1000 \
+        --out runs/bc_options/r6-s0
+    .venv/bin/python benchmarks/bc_options.py --data data/opt/train20k.jsonl --option-repeat 6 --steps 1500 \
+        --init runs/bc_options/r6-s0 --seed 1 --out runs/bc_options/r6-s0-more   # the README's policy
+
+(``benchmarks/results/bc_options.json``: both stages, with val and test scores.)
+
+``benchmarks/option_skill.py`` finds that a model trained on the oracle's option steps alone learns to rank the
+option the task names first when it writes the option's text (``--answer text``), after some 10k option examples,
+and not when it answers a label. In plain cloning, option steps are a small share of the examples, and the
+demo's budget shows the policy a few hundred. This script clones the shop's default policy (numbered actions,
+options and buttons written as text, the task search offered: ``dreamgym.envs``' shop spec) from the shipped base
+on every successful trajectory of ``--data``, each option step repeated ``--option-repeat`` times (an option step:
+the oracle clicks an option on an item page of two or more options, ``benchmarks.policy_diag.option_steps``), and
+saves a policy run dir. Score it with ``dreamgym eval --policy RUN --split val --env-arg val_fraction=0.1
+--episodes 200 [--decoding admissible]``. Budgets are optimiser steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+from dreamgym.agent.policy import PolicyConfig, action_target, build_agent_prompt, save_policy
+from dreamgym.baselines.sft import bc_examples, init_model, read_data
+from dreamgym.sft import SFTConfig, SFTExample, train_sft
+
+try:  # run as a script (benchmarks/ on sys.path) or as benchmarks.bc_options
+    from policy_diag import option_steps  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover
+    from benchmarks.policy_diag import option_steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data")
+    ap.add_argument("--init", default="pretrained")
+    ap.add_argument("--option-repeat", type=int, default=1, help="copies of each option step (1: plain cloning)")
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out")
+    ap.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="no training: play both policies' greedy "
+                    "episodes on the same --split tasks and print A - B success per task (paired bootstrap, sign test)")
+    ap.add_argument("--split", choices=["val", "test"], default="test")
+    ap.add_argument("--episodes", type=int, default=200)
+    ap.add_argument("--decoding", choices=["free", "admissible"], default=None, help="--compare: override both runs'")
+    args = ap.parse_args()
+    if args.compare:
+        compare(args)
+        return
+    if not args.data or not args.out:
+        ap.error("--data and --out are required to train (or --compare RUN_A RUN_B)")
+    if not Path(args.data).is_file():
+        ap.error(f"{args.data}: no such data file (dreamgym collect --policy noisy --noise 0.3 --env-arg "
+                 "val_fraction=0.1 --episodes 20000 --split train --seed 1 --out FILE)")
+    if args.option_repeat < 1:
+        ap.error("--option-repeat must be >= 1")
+
+    cfg = PolicyConfig(action_format="index", offer_task_search=True, answer_by_name=True)
+    trajs = [t for t in read_data([args.data]) if t.success]
+    examples = bc_examples(trajs, cfg)
+    # the option steps' examples again (the same prompt and target bc_examples made for them), repeat - 1 times
+    options = [SFTExample(build_agent_prompt(obs, cfg), action_target(obs, action, cfg))
+               for obs, action, _ in option_steps(trajs)]
+    mixed = examples + options * (args.option_repeat - 1)
+    random.Random(args.seed).shuffle(mixed)
+    print(json.dumps({"examples": len(examples), "option_examples": len(options), "mixed": len(mixed)}), flush=True)
+    model, tok = init_model(args.init, trajs, mixed, None, args.seed)
+    run = Path(args.out)
+    t0 = time.monotonic()
+    stats = train_sft(model, tok, mixed, run / "model",
+                      SFTConfig(max_steps=args.steps, learning_rate=args.lr, batch_size=args.batch_size,
+                                max_length=768, warmup_ratio=0.05, seed=args.seed, num_threads=args.threads))
+    save_policy(run, model, tok, cfg)
+    summary = {"command": "python benchmarks/bc_options.py " + " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+        "examples": len(examples), "option_examples": len(options), "mixed_examples": len(mixed),
+        "train_loss": stats.get("train_loss"), "epochs": stats.get("epochs"),
+        "seconds": round(time.monotonic() - t0, 1)}
+    (run / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary))
+
+
+def compare(args: argparse.Namespace) -> None:
+    """Greedy episodes of two policy runs on the same tasks and seeds; the per-task success difference A - B with
+    a paired bootstrap CI over tasks (one training seed each, so it carries the task sample's variance only)."""
+    from dreamgym.agent.policy import load_policy
+    from dreamgym.envs.pool import env_factory
+    from dreamgym.rl.evaluate import run_eval_episodes
+    from dreamgym.stats import bootstrap_ci, paired_bootstrap_ci, sign_test
+
+    env_kwargs = {"val_fraction": 0.1} if args.split == "val" else {}
+    wins: list[list[float]] = []
+    for run in args.compare:
+        policy = load_policy(run)
+        if args.decoding:
+            policy.cfg = policy.cfg.model_copy(update={"decoding": args.decoding})
+        played = run_eval_episodes(policy, env_factory("shop", **env_kwargs), args.split, args.episodes, seed=0)
+        wins.append([float(e.success) for e in played])
+    a, b = args.compare
+    result = {"command": f"python benchmarks/bc_options.py --compare {a} {b} --split {args.split} --episodes "
+                         f"{args.episodes}" + (f" --decoding {args.decoding}" if args.decoding else ""),
+              a: bootstrap_ci([wins[0]]), b: bootstrap_ci([wins[1]]),
+              "a_minus_b": paired_bootstrap_ci([wins[0]], [wins[1]]), "sign_test": sign_test(wins[0], wins[1])}
+    print(json.dumps(result, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
