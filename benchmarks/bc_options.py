@@ -82,7 +82,8 @@ def main() -> None:
                                 max_length=768, warmup_ratio=0.05, seed=args.seed, num_threads=args.threads))
     save_policy(run, model, tok, cfg)
     summary = {"command": "python benchmarks/bc_options.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None and k not in (
+            "compare", "split", "episodes", "decoding")),
         "examples": len(examples), "option_examples": len(options), "mixed_examples": len(mixed),
         "train_loss": stats.get("train_loss"), "epochs": stats.get("epochs"),
         "seconds": round(time.monotonic() - t0, 1)}
