@@ -30,6 +30,8 @@ def test_bad_arguments_exit_2() -> None:
     assert r.returncode == 2 and "unknown env" in r.stderr and "Traceback" not in r.stderr
     r = run("eval", "--env", "shop", "--env-arg", "novalue")
     assert r.returncode == 2 and "key=value" in r.stderr
+    r = run("eval", "--env", "shop", "--policy", "oracle", "--decoding", "beam")
+    assert r.returncode == 2 and "--decoding 'beam': free or admissible" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_collect_resumes_and_eval_prints_json(tmp_path: Path) -> None:
