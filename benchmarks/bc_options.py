@@ -29,6 +29,7 @@ from pathlib import Path
 
 from dreamgym.agent.policy import PolicyConfig, action_target, build_agent_prompt, save_policy
 from dreamgym.baselines.sft import bc_examples, init_model, read_data
+from dreamgym.envs import spec
 from dreamgym.sft import SFTConfig, SFTExample, train_sft
 
 try:  # run as a script (benchmarks/ on sys.path) or as benchmarks.bc_options
@@ -65,7 +66,7 @@ def main() -> None:
     if args.option_repeat < 1:
         ap.error("--option-repeat must be >= 1")
 
-    cfg = PolicyConfig(action_format="index", offer_task_search=True, answer_by_name=True)
+    cfg = PolicyConfig(**spec("shop").demo_defaults["policy"])  # the shop demo's policy format, from its EnvSpec
     trajs = [t for t in read_data([args.data]) if t.success]
     examples = bc_examples(trajs, cfg)
     # the option steps' examples again (the same prompt and target bc_examples made for them), repeat - 1 times
