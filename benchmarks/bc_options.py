@@ -6,7 +6,11 @@ enough of them?
     .venv/bin/python benchmarks/bc_options.py --data data/opt/train20k.jsonl --option-repeat 6 --steps 1500 \
         --init runs/bc_options/r6-s0 --seed 1 --out runs/bc_options/r6-s0-more   # the README's policy
 
-(``benchmarks/results/bc_options.json``: both stages, with val and test scores.)
+(``benchmarks/results/bc_options.json``: both stages, with val and test scores.) The same recipe in one stage, three
+training seeds, with a learning curve (every 500 steps saved as a policy run dir ``OUT/curve/step-N``)::
+
+    .venv/bin/python benchmarks/bc_options.py --data data/opt/train20k.jsonl --option-repeat 6 --steps 2500 \
+        --group-by-length --keep-checkpoints --seed S --out runs/bc_fast/g-sS
 
 ``benchmarks/option_skill.py`` finds that a model trained on the oracle's option steps alone learns to rank the
 option the task names first when it writes the option's text (``--answer text``), after some 10k option examples,
@@ -48,6 +52,11 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--group-by-length", action="store_true", help="batch examples of similar length (less padding)")
+    ap.add_argument("--keep-checkpoints", action="store_true", help="keep every checkpoint (a learning curve), not 2, "
+                    "and save each as a policy run dir OUT/curve/step-N")
+    ap.add_argument("--export-curve", metavar="RUN", help="no training: save each checkpoint of RUN as a policy run dir "
+                    "RUN/curve/step-N (score them with benchmarks/policy_diag.py RUN/curve/step-*)")
     ap.add_argument("--out")
     ap.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="no training: play both policies' greedy "
                     "episodes on the same --split tasks and print A - B success per task (paired bootstrap, sign test)")
@@ -58,8 +67,11 @@ def main() -> None:
     if args.compare:
         compare(args)
         return
+    if args.export_curve:
+        print("\n".join(map(str, export_curve(Path(args.export_curve)))))
+        return
     if not args.data or not args.out:
-        ap.error("--data and --out are required to train (or --compare RUN_A RUN_B)")
+        ap.error("--data and --out are required to train (or --compare RUN_A RUN_B, or --export-curve RUN)")
     if not Path(args.data).is_file():
         ap.error(f"{args.data}: no such data file (dreamgym collect --policy noisy --noise 0.3 --env-arg "
                  "val_fraction=0.1 --episodes 20000 --split train --seed 1 --out FILE)")
@@ -80,16 +92,37 @@ def main() -> None:
     t0 = time.monotonic()
     stats = train_sft(model, tok, mixed, run / "model",
                       SFTConfig(max_steps=args.steps, learning_rate=args.lr, batch_size=args.batch_size,
-                                max_length=768, warmup_ratio=0.05, seed=args.seed, num_threads=args.threads))
+                                max_length=768, warmup_ratio=0.05, seed=args.seed, num_threads=args.threads,
+                                group_by_length=args.group_by_length,
+                                save_total_limit=None if args.keep_checkpoints else 2))
     save_policy(run, model, tok, cfg)
     summary = {"command": "python benchmarks/bc_options.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None and k not in (
-            "compare", "split", "episodes", "decoding")),
+        f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in vars(args).items()
+        if v is not None and v is not False and k not in ("compare", "export_curve", "split", "episodes", "decoding")),
         "examples": len(examples), "option_examples": len(options), "mixed_examples": len(mixed),
         "train_loss": stats.get("train_loss"), "epochs": stats.get("epochs"),
         "seconds": round(time.monotonic() - t0, 1)}
     (run / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary))
+    if args.keep_checkpoints:
+        export_curve(run)
+
+
+def export_curve(run: Path) -> list[Path]:
+    """Each checkpoint ``run/model/checkpoints/checkpoint-N`` as a policy run dir ``run/curve/step-N`` (its
+    weights, the run's tokenizer and policy format), for ``dreamgym eval`` or ``policy_diag.py``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dreamgym.agent.policy import PolicyConfig
+
+    cfg = PolicyConfig.model_validate_json((run / "policy.json").read_text())
+    tok = AutoTokenizer.from_pretrained(run / "model")
+    out = []
+    for ckpt in sorted((run / "model" / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1])):
+        dst = run / "curve" / f"step-{ckpt.name.split('-')[1]}"
+        save_policy(dst, AutoModelForCausalLM.from_pretrained(ckpt), tok, cfg)
+        out.append(dst)
+    return out
 
 
 def compare(args: argparse.Namespace) -> None:

@@ -104,12 +104,13 @@ def option_steps(trajs: list[Trajectory]) -> list[tuple[Any, str, list[str]]]:
     """``(AgentObservation, oracle action, the page's option actions)`` at each non-detour step where the oracle
     clicks one of two or more options (``click[v]`` for a ``name=v`` line of the state)."""
     from dreamgym.baselines.sft import agent_observations
+    from dreamgym.envs.shop.pages import option_step
 
     steps = []
     for traj in trajs:
         for obs, x in zip(agent_observations(traj), traj.transitions, strict=True):
-            options = [a for a in obs.admissible_actions if f"={a[6:-1]}" in obs.state]
-            if not x.info.get("detour") and x.action in options and len(options) >= 2:
+            if not x.info.get("detour") and option_step(obs.state, x.action, obs.admissible_actions):
+                options = [a for a in obs.admissible_actions if option_step(obs.state, a, obs.admissible_actions)]
                 steps.append((obs, x.action, options))
     return steps
 

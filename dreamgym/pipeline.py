@@ -178,6 +178,10 @@ class DemoConfig(BaseModel):
         "benchmarks/results/pretrained_base_policy_byname.json; ~5 min on 2 cores); max_length 768 holds the shop's "
         "longest agent prompts (627 tokens; at 512, 23% lost their start, the task); time_budget_s is only a "
         "safety cap (sft.json's time_cap_fired says whether it fired)")
+    bc_decision_repeat: int = Field(default=1, ge=1, description="the SFT warm start clones each decision step "
+                                    "(EnvSpec.decision_step: the shop's option clicks) this many times; 6 with 2,500 "
+                                    "steps of 16 (~24 min on 2 cores) gives the shop a policy that matches the task's "
+                                    "options (benchmarks/bc_options.py, README), too long for the demo's budget")
     # RL: the settings that raised the real shop's success on 3 of 3 seeds (benchmarks/results/shop_rl.json)
     rl: dict[str, Any] = Field(default_factory=lambda: {"iterations": 6, "tasks_per_iter": 8, "group_size": 8,
                                                         "lr": 1e-4, "normalize_std": False, "turn_weighting": "episode",
@@ -275,7 +279,8 @@ STAGES: dict[str, Stage] = {
                        ("annotate",), ("experience_model", "buffer", "buffer.partial")),
     "fidelity": Stage("fidelity of the experience model", ("heldout_episodes", "heldout_noise"), ("train_exp",),
                       ("heldout.jsonl", "heldout_annotated.jsonl", "fidelity.json")),
-    "sft": Stage("SFT warm start", ("policy_model", "policy", "sft", "eval_episodes", "max_steps", "eval_num_envs"),
+    "sft": Stage("SFT warm start", ("policy_model", "policy", "sft", "bc_decision_repeat", "eval_episodes",
+                                    "max_steps", "eval_num_envs"),
                  ("collect",), ("sft",)),
     "grpo_real": Stage("GRPO in the real env", ("rl",), ("sft",), ("grpo_real",)),
     "dreamgym": Stage("DreamGym", ("rl", "dream", "dream_iterations"), ("sft", "train_exp"),
@@ -592,7 +597,8 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
 
     def sft() -> dict[str, Any]:
         if not (sft_dir / "summary.json").exists():
-            train_bc([offline], cfg.policy_model, sft_dir, SFTConfig(**cfg.sft), policy_cfg)
+            train_bc([offline], cfg.policy_model, sft_dir, SFTConfig(**cfg.sft), policy_cfg,
+                     decision_repeat=cfg.bc_decision_repeat)
         t0 = time.monotonic()
         policy = load_policy(sft_dir)
         played = run_eval_episodes(policy, env_factory(env, **cfg.env_kwargs), "test", cfg.eval_episodes,

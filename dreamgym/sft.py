@@ -118,8 +118,11 @@ class TokenizedDataset(torch.utils.data.Dataset[dict[str, list[int]]]):
         self.rows: list[dict[str, list[int]]] = []
         self.dropped = 0
         self.cut_prompts = 0  # prompts cut from the left to fit max_length
-        for ex in examples:
-            row, cut = _tokenize(tokenizer, ex, max_length)
+        seen: dict[int, tuple[dict[str, list[int]] | None, bool]] = {}  # an example repeated (oversampled) by
+        for ex in examples:  # reference is tokenized once and its rows share the lists (read-only here)
+            if id(ex) not in seen:
+                seen[id(ex)] = _tokenize(tokenizer, ex, max_length)
+            row, cut = seen[id(ex)]
             if row is None:
                 self.dropped += 1
             else:
@@ -164,6 +167,49 @@ class MaskedCollator:
         return {"input_ids": ids, "labels": labels, "attention_mask": attn}
 
 
+def target_logits_loss(model: Any, inputs: dict[str, torch.Tensor], num_items: Any = None) -> torch.Tensor | None:
+    """The causal-LM loss of ``inputs`` with the output head applied to the target positions only (labels != -100),
+    or None where ``model`` is not a plain decoder + linear head (a peft wrapper, logit soft-capping or scaling).
+
+    transformers' ``ForCausalLM.forward`` projects every position onto the vocabulary before the loss drops the
+    prompt's; in SFT most positions are prompt (an agent prompt of ~400 tokens, a target of ~10), so the head and
+    the softmax over the vocabulary are mostly wasted: this is ~20% of a tiny model's step on CPU. The loss is the
+    same: the mean over target tokens, or the sum over ``num_items`` (the Trainer's count of target tokens in the
+    accumulated batch) when given."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or any(getattr(cfg, k, None) for k in ("final_logit_softcapping", "logit_scale")) or not hasattr(
+            model, "get_decoder") or type(model).__name__ == "PeftModelForCausalLM":
+        return None
+    head, decoder = model.get_output_embeddings(), model.get_decoder()
+    if not isinstance(head, torch.nn.Linear) or decoder is None or decoder is model:
+        return None
+    hidden = decoder(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask")).last_hidden_state
+    labels = inputs["labels"][:, 1:]
+    keep = labels != IGNORE_INDEX
+    logits = head(hidden[:, :-1][keep]).float()
+    loss = torch.nn.functional.cross_entropy(logits, labels[keep], reduction="sum")
+    return loss / (num_items if num_items is not None else keep.sum().clamp(min=1))
+
+
+def _trainer_class() -> Any:
+    from transformers import Trainer
+
+    class TargetLogitsTrainer(Trainer):
+        """``Trainer`` with :func:`target_logits_loss` for training steps (evaluation keeps the full forward)."""
+
+        def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                         num_items_in_batch: Any = None) -> Any:
+            if not return_outputs and self.label_smoother is None and self.compute_loss_func is None:
+                # the Trainer divides by the accumulation steps unless the loss is normalised by num_items_in_batch
+                scaled = self.model_accepts_loss_kwargs and num_items_in_batch is not None
+                loss = target_logits_loss(model, inputs, num_items_in_batch if scaled else None)
+                if loss is not None:
+                    return loss
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    return TargetLogitsTrainer
+
+
 def _time_budget_callback(budget_s: float) -> Any:
     from transformers import TrainerCallback
 
@@ -198,7 +244,7 @@ def train_sft(
     ``out_dir/checkpoints/runs``. Returns a summary (examples, target tokens, steps, final loss, seconds, and
     ``time_cap_fired``: whether ``cfg.time_budget_s`` stopped it before its epochs / max_steps ended).
     """
-    from transformers import Trainer, TrainingArguments
+    from transformers import TrainingArguments
     from transformers.trainer_utils import get_last_checkpoint
 
     if cfg.num_threads:
@@ -239,7 +285,7 @@ def train_sft(
         disable_tqdm=False,
     )
     callbacks = [_time_budget_callback(cfg.time_budget_s)] if cfg.time_budget_s else []
-    trainer = Trainer(
+    trainer = _trainer_class()(
         model=model,
         args=args,
         train_dataset=train_ds,

@@ -106,6 +106,35 @@ def test_noisy_collection_flags_its_detours_and_bc_learns_only_the_oracle_steps(
         not x.info["invalid_action"] for x in steps)
 
 
+def test_decision_repeat_clones_the_envs_decision_steps_k_times_and_nothing_else(oracle: list[Trajectory]) -> None:
+    from dreamgym.envs import spec
+
+    is_decision = spec("shop").load("decision_step")
+    page = "[1] text: B0X — Sheets\n[2] option: color=red\n[3] option: color=blue\n[4] button: Buy Now"
+    assert is_decision(page, "click[red]", ["click[red]", "click[blue]", "click[buy now]"])
+    assert not is_decision(page, "click[buy now]", ["click[red]", "click[blue]", "click[buy now]"])
+    assert not is_decision("[1] option: color=red", "click[red]", ["click[red]", "click[buy now]"])  # no choice
+    cfg = PolicyConfig(action_format="index", answer_by_name=True)
+    once = bc_examples(oracle, cfg)
+    thrice = bc_examples(oracle, cfg, decision_repeat=3)
+    decisions = [x for t in oracle for x in t.transitions
+                 if is_decision(x.state, x.action, x.info["admissible_actions"])]
+    assert decisions and all(x.action.startswith("click[") for x in decisions)
+    assert len(thrice) == len(once) + 2 * len(decisions)
+    # the repeats are the option clicks' own examples (the same objects: tokenized once), in order
+    targets = [e.target for e in thrice]
+    for x in decisions:
+        want = action_target(AgentObservation("", x.state, x.info["admissible_actions"], []), x.action, cfg)
+        assert targets.count(want) >= 3
+    assert len({id(e) for e in thrice}) == len(once)
+    # an env without a decision_step clones every step once (and says so); a bad count is an error
+    other = Trajectory(task=Task(task_id="a", instruction="do a", env="textworld"), success=True,
+                       transitions=traj("a", ["click[red]", "click[blue]"], success=True).transitions)
+    assert len(bc_examples([other], cfg, decision_repeat=4)) == 2
+    with pytest.raises(ValueError, match="decision_repeat"):
+        bc_examples(oracle, cfg, decision_repeat=0)
+
+
 def test_answer_by_name_clones_word_actions_as_text_and_ids_as_numbers() -> None:
     obs = AgentObservation("i want red sheets", "[1] option: color=red", ["click[b0n38atr]", "click[red]",
                                                                           "click[3 seater]", "click[buy now]"], [])
@@ -304,6 +333,16 @@ def test_cli_sft_defaults_to_index_actions_and_takes_the_format(oracle: list[Tra
     r = CliRunner().invoke(app, ["baseline", "sft", "--data", str(tmp_path / "d.jsonl"), "--out",
                                  str(tmp_path / "x"), "--action-format", "numbers"])
     assert r.exit_code != 0 and not (tmp_path / "x").exists()
+    r = CliRunner().invoke(app, ["baseline", "sft", "--data", str(tmp_path / "d.jsonl"), "--out",
+                                 str(tmp_path / "x"), "--decision-repeat", "0"])
+    assert r.exit_code == 2 and not (tmp_path / "x").exists()
+    r = CliRunner().invoke(app, ["baseline", "sft", "--data", str(tmp_path / "d.jsonl"), "--model", "micro", "--out",
+                                 str(tmp_path / "rep"), "--epochs", "0.2", "--threads", "1", "--decision-repeat", "3"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    n_decisions = (summary["examples"] - summary["distinct_examples"]) // 2
+    assert summary["decision_repeat"] == 3 and n_decisions > 0
+    assert summary["examples"] == len(bc_examples(oracle, PolicyConfig(action_format="index"))) + 2 * n_decisions
 
 
 def test_bc_time_budget_covers_preparation(oracle: list[Trajectory], tmp_path: Path) -> None:

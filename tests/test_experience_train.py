@@ -28,7 +28,15 @@ from dreamgym.experience.train import (
 )
 from dreamgym.llm.tiny import tiny_shape
 from dreamgym.replay import HashingEncoder, ReplayBuffer
-from dreamgym.sft import IGNORE_INDEX, SFTConfig, SFTExample, encode_prompt, tokenize_example
+from dreamgym.sft import (
+    IGNORE_INDEX,
+    MaskedCollator,
+    SFTConfig,
+    SFTExample,
+    encode_prompt,
+    target_logits_loss,
+    tokenize_example,
+)
 from dreamgym.types import DataError, Task, Trajectory, Transition, write_jsonl
 
 COMPACT = ProtocolConfig(k=0, history_window=0, system_prompt="")
@@ -89,6 +97,25 @@ def test_loss_is_on_target_tokens_only(annotated) -> None:
     logits = out.logits[0, n_prompt - 1 : -1]
     by_hand = F.cross_entropy(logits, ids[0, n_prompt:])
     assert torch.allclose(out.loss, by_hand, atol=1e-5)
+
+
+def test_training_loss_projects_only_target_positions_and_equals_the_full_forwards(annotated) -> None:
+    examples = exp_examples(annotated[:2], COMPACT)
+    model, tokenizer = fresh_tiny_model("micro", annotated, examples, 512, seed=0)
+    batch = MaskedCollator(tokenizer.pad_token_id)([tokenize_example(tokenizer, ex, 1024) for ex in examples[:3]])
+    assert (batch["attention_mask"] == 0).any()  # rows of different lengths: padding is in play
+    full = model(**batch)
+    ours = target_logits_loss(model, batch)
+    assert ours is not None and torch.allclose(ours, full.loss, atol=1e-5)
+    n_target = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+    summed = target_logits_loss(model, batch, num_items=2 * n_target)  # the Trainer's accumulated-batch count
+    assert summed is not None and torch.allclose(summed, full.loss / 2, atol=1e-5)
+    # the gradients match too, so training follows the same path
+    ours.backward()
+    g_ours = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(**batch).loss.backward()
+    assert all(torch.allclose(a, p.grad, atol=1e-5) for a, p in zip(g_ours, model.parameters(), strict=True))
 
 
 def test_protocol_tags_and_identifiers_tokenize_for_copying(annotated) -> None:

@@ -41,6 +41,10 @@ def test_keys_follow_the_fields_and_stages_each_stage_depends_on(tmp_path: Path)
     downstream = ["train_exp", "fidelity", "dreamgym", "s2r", "dreamgym_ppo", "train_exp_no_replay", "no_replay",
                   "train_exp_no_reasoning", "no_reasoning", "no_task_generator"]
     assert {s for s in STAGES if changed[s]["hash"] != base[s]["hash"]} == set(downstream)
+    changed = stage_keys(micro(bc_decision_repeat=6))  # the policy's warm start and the RL rows after it, not M_exp
+    moved = {s for s in STAGES if changed[s]["hash"] != base[s]["hash"]}
+    assert {"sft", "grpo_real", "dreamgym", "s2r"} <= moved and not moved & {"collect", "train_exp", "fidelity"}
+    assert changed["sft"]["inputs"]["bc_decision_repeat"] == 6
     changed = stage_keys(micro(seed=1))  # read by the first stage: every key changes
     assert all(changed[s]["hash"] != base[s]["hash"] for s in STAGES)
     data = tmp_path / "own.jsonl"

@@ -26,6 +26,7 @@ from dreamgym.agent.policy import (
     build_agent_prompt,
     save_policy,
 )
+from dreamgym.envs import find_spec
 from dreamgym.sft import SFTConfig, SFTExample, train_sft
 from dreamgym.types import DataError, Trajectory, read_trajectories
 
@@ -59,18 +60,27 @@ def agent_observations(traj: Trajectory) -> list[AgentObservation]:
 
 
 def bc_examples(
-    trajs: Sequence[Trajectory], policy_cfg: PolicyConfig, only_successful: bool = True, skip_detours: bool = True
+    trajs: Sequence[Trajectory], policy_cfg: PolicyConfig, only_successful: bool = True, skip_detours: bool = True,
+    decision_repeat: int = 1,
 ) -> list[SFTExample]:
     """One example per valid step of the (successful) trajectories. Steps flagged ``invalid_action`` are
     skipped (they changed nothing: cloning them teaches a wasted turn) and counted in the log, as are steps
     without recorded admissible actions. With ``skip_detours``, so are a noisy policy's random steps
     (``info["detour"]``): they stay in the later prompts' history, but the policy learns only the oracle's
-    actions, including its recoveries from them."""
+    actions, including its recoveries from them.
+
+    ``decision_repeat``: each decision step (the env's ``EnvSpec.decision_step``: on the shop, clicking one of an
+    item page's options) appears that many times (the same example object, tokenized once): at 6, 59% of the
+    shop's examples, and a policy cloned on them matches the option the task names (``benchmarks/bc_options.py``)."""
+    if decision_repeat < 1:
+        raise ValueError(f"decision_repeat must be >= 1, got {decision_repeat}")
     examples: list[SFTExample] = []
-    invalid = missing_admissible = detours = 0
+    invalid = missing_admissible = detours = decisions = 0
     for traj in trajs:
         if only_successful and not traj.success:
             continue
+        env_spec = find_spec(traj.task.env) if decision_repeat > 1 else None
+        decision = env_spec.load("decision_step") if env_spec is not None else None
         for obs, x in zip(agent_observations(traj), traj.transitions, strict=True):
             if x.info.get("invalid_action"):
                 invalid += 1
@@ -80,7 +90,16 @@ def bc_examples(
                 continue
             if "admissible_actions" not in x.info:
                 missing_admissible += 1
-            examples.append(SFTExample(build_agent_prompt(obs, policy_cfg), action_target(obs, x.action, policy_cfg)))
+            example = SFTExample(build_agent_prompt(obs, policy_cfg), action_target(obs, x.action, policy_cfg))
+            repeat = decision_repeat if decision is not None and decision(x.state, x.action, obs.admissible_actions) \
+                else 1
+            decisions += repeat > 1
+            examples.extend([example] * repeat)
+    if decisions:
+        log.info("behaviour cloning: %d decision steps, each %d times", decisions, decision_repeat)
+    elif decision_repeat > 1:
+        log.warning("behaviour cloning: decision_repeat=%d, but no step is a decision step (the env's EnvSpec has "
+                    "no decision_step, or the data has none)", decision_repeat)
     if invalid:
         log.info("behaviour cloning: skipped %d invalid-action steps", invalid)
     if detours:
@@ -146,6 +165,7 @@ def train_bc(
     policy_cfg: PolicyConfig,
     vocab_size: int | None = None,
     skip_detours: bool = True,
+    decision_repeat: int = 1,
 ) -> dict[str, Any]:
     """Behaviour-clone the successful trajectories of ``data_paths`` (see :func:`bc_examples`) into a policy run
     dir; return the summary (also written to ``out_run_dir/summary.json``). A rerun into the same dir resumes from
@@ -155,7 +175,7 @@ def train_bc(
         raise ValueError(f"{run}: already holds a finished run (summary.json); choose another --out")
     started = time.monotonic()
     trajs = read_data(data_paths)
-    examples = bc_examples(trajs, policy_cfg, skip_detours=skip_detours)
+    examples = bc_examples(trajs, policy_cfg, skip_detours=skip_detours, decision_repeat=decision_repeat)
     if not examples:
         raise DataError(f"{', '.join(map(str, data_paths))}: no successful trajectories to clone")
     hf_model, tokenizer = init_model(model, trajs, examples, vocab_size, sft_cfg.seed)
@@ -179,7 +199,9 @@ def train_bc(
         "trajectories": len(trajs),
         "successful_trajectories": sum(t.success for t in trajs),
         "skip_detours": skip_detours,
+        "decision_repeat": decision_repeat,
         "examples": len(examples),
+        "distinct_examples": len({id(e) for e in examples}),
         **stats,
         "seconds": round(time.monotonic() - t0, 1),
         "prep_seconds": round(prep_s, 1),

@@ -29,6 +29,8 @@ def sft_cmd(
                                       "writes the action itself"),
     answer_by_name: bool = typer.Option(False, help="index format: clone option and button clicks as their text, "
                                         "ids and long actions as numbers (the shop demo's default)"),
+    decision_repeat: int = typer.Option(1, min=1, help="clone each decision step (the env's EnvSpec.decision_step: "
+                                        "on the shop, an option click) this many times"),
     seed: int = typer.Option(0, help="model init and data order seed"),
     threads: int | None = typer.Option(None, help="torch CPU threads"),
 ) -> None:
@@ -44,7 +46,7 @@ def sft_cmd(
         raise ValueError(f"--action-format {action_format!r}: index, typed or text")
     policy_cfg = PolicyConfig(history_window=history_window, action_format=action_format,  # type: ignore[arg-type]
                               answer_by_name=answer_by_name)
-    summary = train_bc(data, model, out, sft_cfg, policy_cfg, vocab_size)
+    summary = train_bc(data, model, out, sft_cfg, policy_cfg, vocab_size, decision_repeat=decision_repeat)
     keys = ("examples", "real_transitions", "epochs", "train_loss", "seconds")
     console.print(f"saved the behaviour-cloned policy to {out}")
     print(json.dumps({k: summary[k] for k in keys}))

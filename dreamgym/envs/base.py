@@ -281,6 +281,10 @@ class EnvSpec:
       curriculum. Without it the demo's task generator is ``none`` (the ``llm`` generator needs no env code).
     * ``page_type``: ``state -> str``, a page kind for per-page next-state F1 and for weighting M_exp's data
       (``exp_mixture``). Without it every state is one kind, ``"state"``.
+    * ``decision_step``: ``(state, action, admissible_actions) -> bool``, the steps where the agent picks, among
+      alternatives, the one the task decides (the shop: one of an item page's two or more options). Behaviour
+      cloning can repeat them (``train_bc(decision_repeat=K)``, ``DemoConfig.bc_decision_repeat``). Without it
+      no step is one, and every step is cloned once.
     * ``demo_defaults``: :class:`~dreamgym.pipeline.DemoConfig` fields this env needs when a config does not
       give them (e.g. its constructor's ``env_kwargs``).
     """
@@ -292,6 +296,7 @@ class EnvSpec:
     consistency_checks: Ref | None = None
     variation_operator: Ref | None = None
     page_type: Ref | None = None
+    decision_step: Ref | None = None
     demo_defaults: Mapping[str, Any] = field(default_factory=dict)
 
     def load(self, what: str) -> Any:

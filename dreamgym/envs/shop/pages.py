@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -188,6 +189,14 @@ def clicks_in_state(state: str) -> tuple[list[str], bool]:
 
 
 _SEARCH_TYPES = {"searchbox", "search", "textbox", "input"}
+
+
+def option_step(state: str, action: str, admissible: Sequence[str]) -> bool:
+    """Whether ``action`` clicks one of two or more options of ``state`` (the shop's ``EnvSpec.decision_step``):
+    the choice the task's words decide, which behaviour cloning shows the policy a few hundred times in the demo's
+    budget. An option ``click[v]`` is admissible where the page has a ``name=v`` option element."""
+    options = [a for a in admissible if a.startswith("click[") and f"={a[6:-1]}" in state]
+    return action in options and len(options) >= 2
 
 
 def page_type(state: str) -> str:
