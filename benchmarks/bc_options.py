@@ -60,12 +60,18 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="no training: play both policies' greedy "
                     "episodes on the same --split tasks and print A - B success per task (paired bootstrap, sign test)")
+    ap.add_argument("--score", nargs="+", metavar="RUN", help="no training: play each run's (one training seed each) "
+                    "greedy episodes on the same --split tasks, free and guided; success as mean and a bootstrap CI "
+                    "over seeds and tasks, and minus the scripted 'search, first result, buy' plan per task")
     ap.add_argument("--split", choices=["val", "test"], default="test")
     ap.add_argument("--episodes", type=int, default=200)
     ap.add_argument("--decoding", choices=["free", "admissible"], default=None, help="--compare: override both runs'")
     args = ap.parse_args()
     if args.compare:
         compare(args)
+        return
+    if args.score:
+        score(args)
         return
     if args.export_curve:
         print("\n".join(map(str, export_curve(Path(args.export_curve)))))
@@ -98,7 +104,7 @@ def main() -> None:
     save_policy(run, model, tok, cfg)
     summary = {"command": "python benchmarks/bc_options.py " + " ".join(
         f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in vars(args).items()
-        if v is not None and v is not False and k not in ("compare", "export_curve", "split", "episodes", "decoding")),
+        if v is not None and v is not False and k not in ("compare", "score", "export_curve", "split", "episodes", "decoding")),
         "examples": len(examples), "option_examples": len(options), "mixed_examples": len(mixed),
         "train_loss": stats.get("train_loss"), "epochs": stats.get("epochs"),
         "seconds": round(time.monotonic() - t0, 1)}
@@ -123,6 +129,50 @@ def export_curve(run: Path) -> list[Path]:
         save_policy(dst, AutoModelForCausalLM.from_pretrained(ckpt), tok, cfg)
         out.append(dst)
     return out
+
+
+def score(args: argparse.Namespace) -> None:
+    """Each run of ``--score`` (one training seed each) on the same ``--split`` tasks, free and guided greedy: the
+    success per run, over runs and tasks (a two-level bootstrap, :func:`dreamgym.stats.bootstrap_ci`), and the
+    per-task difference to the scripted "search, first result, buy" plan (``policy_diag.ScriptedFirst``), the plan
+    cloning learns first: a paired bootstrap and a sign test over (seed, task) pairs."""
+    from dreamgym.agent.policy import load_policy
+    from dreamgym.collect import episode_tasks, run_episode
+    from dreamgym.envs import make
+    from dreamgym.envs.pool import env_factory
+    from dreamgym.rl.evaluate import run_eval_episodes
+    from dreamgym.stats import bootstrap_ci, paired_bootstrap_ci, sign_test
+
+    try:
+        from policy_diag import ScriptedFirst  # type: ignore[import-not-found]
+    except ImportError:  # pragma: no cover
+        from benchmarks.policy_diag import ScriptedFirst
+
+    env_kwargs = {"val_fraction": 0.1} if args.split == "val" else {}
+    env = make("shop", **env_kwargs)
+    tasks = episode_tasks(env, args.split, args.episodes, 0)
+    plan = [float(run_episode(env, ScriptedFirst(False), t, seed=i, split=args.split).success)
+            for i, t in enumerate(tasks)]
+    result: dict[str, object] = {
+        "command": f"python benchmarks/bc_options.py --score {' '.join(args.score)} --split {args.split} "
+                   f"--episodes {args.episodes}", "first_buy": sum(plan) / len(plan), "random": 0.0}
+    for decoding in ("free", "admissible"):
+        wins: list[list[float]] = []
+        for run in args.score:
+            policy = load_policy(run)
+            policy.cfg = policy.cfg.model_copy(update={"decoding": decoding})
+            played = sorted(run_eval_episodes(policy, env_factory("shop", **env_kwargs), args.split, args.episodes,
+                                              seed=0), key=lambda e: e.group_id)
+            assert [e.task.task_id for e in played] == [t.task_id for t in tasks if t is not None]
+            wins.append([float(e.success) for e in played])
+        flat = [w for ws in wins for w in ws]
+        result[decoding] = {"per_run": {r: sum(w) / len(w) for r, w in zip(args.score, wins, strict=True)},
+                            "success": bootstrap_ci(wins),
+                            "minus_first_buy": paired_bootstrap_ci(wins, [plan] * len(wins)),
+                            "sign_test_vs_first_buy": sign_test(flat, plan * len(wins))}
+        print(decoding, json.dumps(result[decoding]), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
 
 
 def compare(args: argparse.Namespace) -> None:
