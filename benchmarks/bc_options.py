@@ -159,12 +159,18 @@ def score(args: argparse.Namespace) -> None:
     for decoding in ("free", "admissible"):
         wins: list[list[float]] = []
         for run in args.score:
+            cache = Path(run) / f"score_{args.split}_{args.episodes}_{decoding}.json"  # per-task, reused if there
+            if cache.is_file():
+                wins.append(json.loads(cache.read_text())["wins"])
+                continue
             policy = load_policy(run)
             policy.cfg = policy.cfg.model_copy(update={"decoding": decoding})
             played = sorted(run_eval_episodes(policy, env_factory("shop", **env_kwargs), args.split, args.episodes,
                                               seed=0), key=lambda e: e.group_id)
             assert [e.task.task_id for e in played] == [t.task_id for t in tasks if t is not None]
             wins.append([float(e.success) for e in played])
+            cache.write_text(json.dumps({"tasks": [e.task.task_id for e in played], "wins": wins[-1],
+                                         "mean_reward": sum(e.env_return for e in played) / len(played)}))
         flat = [w for ws in wins for w in ws]
         result[decoding] = {"per_run": {r: sum(w) / len(w) for r, w in zip(args.score, wins, strict=True)},
                             "success": bootstrap_ci(wins),
