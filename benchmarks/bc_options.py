@@ -87,7 +87,9 @@ def main() -> None:
     cfg = PolicyConfig(**spec("shop").demo_defaults["policy"])  # the shop demo's policy format, from its EnvSpec
     trajs = [t for t in read_data([args.data]) if t.success]
     examples = bc_examples(trajs, cfg)
-    # the option steps' examples again (the same prompt and target bc_examples made for them), repeat - 1 times
+    # the option steps' examples again (the same prompt and target bc_examples made for them), repeat - 1 times:
+    # the multiset bc_examples(trajs, cfg, decision_repeat=K) gives, kept in this order so that the committed runs'
+    # data order (and so their numbers) reproduce
     options = [SFTExample(build_agent_prompt(obs, cfg), action_target(obs, action, cfg))
                for obs, action, _ in option_steps(trajs)]
     mixed = examples + options * (args.option_repeat - 1)

@@ -173,7 +173,7 @@ def target_logits_loss(model: Any, inputs: dict[str, torch.Tensor], num_items: A
 
     transformers' ``ForCausalLM.forward`` projects every position onto the vocabulary before the loss drops the
     prompt's; in SFT most positions are prompt (an agent prompt of ~400 tokens, a target of ~10), so the head and
-    the softmax over the vocabulary are mostly wasted: this is ~20% of a tiny model's step on CPU. The loss is the
+    the softmax over the vocabulary are mostly wasted, a large share of a tiny model's step on CPU. The loss is the
     same: the mean over target tokens, or the sum over ``num_items`` (the Trainer's count of target tokens in the
     accumulated batch) when given."""
     cfg = getattr(model, "config", None)

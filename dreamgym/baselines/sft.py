@@ -76,11 +76,14 @@ def bc_examples(
         raise ValueError(f"decision_repeat must be >= 1, got {decision_repeat}")
     examples: list[SFTExample] = []
     invalid = missing_admissible = detours = decisions = 0
+    deciders: dict[str, Any] = {}  # env name -> its EnvSpec.decision_step (None: none), looked up once
     for traj in trajs:
         if only_successful and not traj.success:
             continue
-        env_spec = find_spec(traj.task.env) if decision_repeat > 1 else None
-        decision = env_spec.load("decision_step") if env_spec is not None else None
+        if decision_repeat > 1 and traj.task.env not in deciders:
+            env_spec = find_spec(traj.task.env)
+            deciders[traj.task.env] = env_spec.load("decision_step") if env_spec is not None else None
+        decision = deciders.get(traj.task.env)
         for obs, x in zip(agent_observations(traj), traj.transitions, strict=True):
             if x.info.get("invalid_action"):
                 invalid += 1
