@@ -12,6 +12,14 @@ training seeds, with a learning curve (every 500 steps saved as a policy run dir
     .venv/bin/python benchmarks/bc_options.py --data data/opt/train20k.jsonl --option-repeat 6 --steps 2500 \
         --group-by-length --keep-checkpoints --seed S --out runs/bc_fast/g-sS
 
+On-path cloning (``--on-path``: each trajectory only up to its first detour, ``dreamgym.baselines.on_path``), the
+600 s probes and three training seeds of the 2,500-step recipe (``bc_options.json``: ``on_path_600s``, ``on_path``)::
+
+    .venv/bin/python benchmarks/bc_options.py --data data/opt/train20k.jsonl --on-path --option-repeat 6 \
+        --steps 900 --lr 3e-3 --group-by-length --out runs/fast600/e1                   # ~510 s
+    .venv/bin/python benchmarks/bc_options.py --data data/opt/train20k.jsonl --on-path --option-repeat 6 \
+        --steps 2500 --group-by-length --seed S --out runs/onpath/p-sS
+
 ``benchmarks/option_skill.py`` finds that a model trained on the oracle's option steps alone learns to rank the
 option the task names first when it writes the option's text (``--answer text``), after some 10k option examples,
 and not when it answers a label. In plain cloning, option steps are a small share of the examples, and the
@@ -29,12 +37,15 @@ import argparse
 import json
 import random
 import time
+from collections import Counter
 from pathlib import Path
 
 from dreamgym.agent.policy import PolicyConfig, action_target, build_agent_prompt, save_policy
-from dreamgym.baselines.sft import bc_examples, init_model, read_data
+from dreamgym.baselines.sft import bc_examples, init_model, on_path, read_data
 from dreamgym.envs import spec
+from dreamgym.envs.shop.pages import option_step
 from dreamgym.sft import SFTConfig, SFTExample, train_sft
+from dreamgym.types import Trajectory, Transition
 
 try:  # run as a script (benchmarks/ on sys.path) or as benchmarks.bc_options
     from policy_diag import option_steps  # type: ignore[import-not-found]
@@ -52,17 +63,23 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--on-path", action="store_true", help="clone each trajectory only up to its first detour (the "
+                    "states the oracle itself reaches), not the oracle's recoveries from the noise's detours")
     ap.add_argument("--group-by-length", action="store_true", help="batch examples of similar length (less padding)")
     ap.add_argument("--keep-checkpoints", action="store_true", help="keep every checkpoint (a learning curve), not 2, "
                     "and save each as a policy run dir OUT/curve/step-N")
     ap.add_argument("--export-curve", metavar="RUN", help="no training: save each checkpoint of RUN as a policy run dir "
                     "RUN/curve/step-N (score them with benchmarks/policy_diag.py RUN/curve/step-*)")
+    ap.add_argument("--label-mix", action="store_true", help="no training: count --data's cloned steps by page and "
+                    "action kind, all of them and on-path only (what --on-path leaves out)")
     ap.add_argument("--out")
     ap.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="no training: play both policies' greedy "
                     "episodes on the same --split tasks and print A - B success per task (paired bootstrap, sign test)")
     ap.add_argument("--score", nargs="+", metavar="RUN", help="no training: play each run's (one training seed each) "
                     "greedy episodes on the same --split tasks, free and guided; success as mean and a bootstrap CI "
                     "over seeds and tasks, and minus the scripted 'search, first result, buy' plan per task")
+    ap.add_argument("--against", nargs="+", metavar="RUN", help="--score: also the paired difference to another "
+                    "recipe's runs, the i-th run of each (the same training seed) on the same tasks")
     ap.add_argument("--split", choices=["val", "test"], default="test")
     ap.add_argument("--episodes", type=int, default=200)
     ap.add_argument("--decoding", choices=["free", "admissible"], default=None, help="--compare: override both runs'")
@@ -76,6 +93,9 @@ def main() -> None:
     if args.export_curve:
         print("\n".join(map(str, export_curve(Path(args.export_curve)))))
         return
+    if args.label_mix and args.data:
+        print(json.dumps(label_mix([t for t in read_data([args.data]) if t.success]), indent=1))
+        return
     if not args.data or not args.out:
         ap.error("--data and --out are required to train (or --compare RUN_A RUN_B, or --export-curve RUN)")
     if not Path(args.data).is_file():
@@ -86,6 +106,8 @@ def main() -> None:
 
     cfg = PolicyConfig(**spec("shop").demo_defaults["policy"])  # the shop demo's policy format, from its EnvSpec
     trajs = [t for t in read_data([args.data]) if t.success]
+    if args.on_path:
+        trajs = [on_path(t) for t in trajs]
     examples = bc_examples(trajs, cfg)
     # the option steps' examples again (the same prompt and target bc_examples made for them), repeat - 1 times:
     # the multiset bc_examples(trajs, cfg, decision_repeat=K) gives, kept in this order so that the committed runs'
@@ -106,7 +128,7 @@ def main() -> None:
     save_policy(run, model, tok, cfg)
     summary = {"command": "python benchmarks/bc_options.py " + " ".join(
         f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in vars(args).items()
-        if v is not None and v is not False and k not in ("compare", "score", "export_curve", "split", "episodes", "decoding")),
+        if v is not None and v is not False and k not in ("compare", "score", "against", "export_curve", "split", "episodes", "decoding", "label_mix")),
         "examples": len(examples), "option_examples": len(options), "mixed_examples": len(mixed),
         "train_loss": stats.get("train_loss"), "epochs": stats.get("epochs"),
         "seconds": round(time.monotonic() - t0, 1)}
@@ -114,6 +136,34 @@ def main() -> None:
     print(json.dumps(summary))
     if args.keep_checkpoints:
         export_curve(run)
+
+
+def label_mix(trajs: list[Trajectory]) -> dict[str, dict[str, int]]:
+    """The cloned (oracle, valid) steps of ``trajs`` by "page: action kind", all of them and on-path only."""
+    def page_of(state: str) -> str:
+        first = state.split("\n", 1)[0]
+        return ("search" if "searchbox" in first else "results" if "(results" in first
+                else "item" if "Price:" in state else "other")
+
+    def kind(x: Transition) -> str:
+        a = x.action
+        for word in ("back to search", "next >", "< prev", "buy now"):
+            if a == f"click[{word}]":
+                return word
+        if a.startswith("search["):
+            return "search"
+        return "option" if option_step(x.state, a, x.info.get("admissible_actions") or []) else "click"
+
+    counts: dict[str, Counter[str]] = {"all": Counter(), "on_path": Counter()}
+    for traj in trajs:
+        cut = len(on_path(traj).transitions)
+        for i, x in enumerate(traj.transitions):
+            if x.info.get("invalid_action") or x.info.get("detour"):
+                continue
+            label = f"{page_of(x.state)}: {kind(x)}"
+            counts["all"][label] += 1
+            counts["on_path"][label] += i < cut
+    return {k: dict(c.most_common()) for k, c in counts.items()}
 
 
 def export_curve(run: Path) -> list[Path]:
@@ -158,27 +208,38 @@ def score(args: argparse.Namespace) -> None:
     result: dict[str, object] = {
         "command": f"python benchmarks/bc_options.py --score {' '.join(args.score)} --split {args.split} "
                    f"--episodes {args.episodes}", "first_buy": sum(plan) / len(plan), "random": 0.0}
+    if args.against:
+        result["command"] = f"{result['command']} --against {' '.join(args.against)}"
+
+    def run_wins(run: str, decoding: str) -> list[float]:
+        cache = Path(run) / f"score_{args.split}_{args.episodes}_{decoding}.json"  # per-task, reused if there
+        if cache.is_file():
+            return [float(w) for w in json.loads(cache.read_text())["wins"]]
+        policy = load_policy(run)
+        policy.cfg = policy.cfg.model_copy(update={"decoding": decoding})
+        played = sorted(run_eval_episodes(policy, env_factory("shop", **env_kwargs), args.split, args.episodes,
+                                          seed=0), key=lambda e: e.group_id)
+        assert [e.task.task_id for e in played] == [t.task_id for t in tasks if t is not None]
+        won = [float(e.success) for e in played]
+        cache.write_text(json.dumps({"tasks": [e.task.task_id for e in played], "wins": won,
+                                     "mean_reward": sum(e.env_return for e in played) / len(played)}))
+        return won
+
     for decoding in ("free", "admissible"):
-        wins: list[list[float]] = []
-        for run in args.score:
-            cache = Path(run) / f"score_{args.split}_{args.episodes}_{decoding}.json"  # per-task, reused if there
-            if cache.is_file():
-                wins.append(json.loads(cache.read_text())["wins"])
-                continue
-            policy = load_policy(run)
-            policy.cfg = policy.cfg.model_copy(update={"decoding": decoding})
-            played = sorted(run_eval_episodes(policy, env_factory("shop", **env_kwargs), args.split, args.episodes,
-                                              seed=0), key=lambda e: e.group_id)
-            assert [e.task.task_id for e in played] == [t.task_id for t in tasks if t is not None]
-            wins.append([float(e.success) for e in played])
-            cache.write_text(json.dumps({"tasks": [e.task.task_id for e in played], "wins": wins[-1],
-                                         "mean_reward": sum(e.env_return for e in played) / len(played)}))
+        wins = [run_wins(run, decoding) for run in args.score]
         flat = [w for ws in wins for w in ws]
-        result[decoding] = {"per_run": {r: sum(w) / len(w) for r, w in zip(args.score, wins, strict=True)},
-                            "success": bootstrap_ci(wins),
-                            "minus_first_buy": paired_bootstrap_ci(wins, [plan] * len(wins)),
-                            "sign_test_vs_first_buy": sign_test(flat, plan * len(wins))}
-        print(decoding, json.dumps(result[decoding]), flush=True)
+        row: dict[str, object] = {"per_run": {r: sum(w) / len(w) for r, w in zip(args.score, wins, strict=True)},
+                                  "success": bootstrap_ci(wins),
+                                  "minus_first_buy": paired_bootstrap_ci(wins, [plan] * len(wins)),
+                                  "sign_test_vs_first_buy": sign_test(flat, plan * len(wins))}
+        if args.against:  # the i-th run of each recipe (the same training seed) on the same tasks
+            other = [run_wins(run, decoding) for run in args.against]
+            n = min(len(wins), len(other))
+            row["minus_against"] = {"seeds": n, **paired_bootstrap_ci(wins[:n], other[:n]),
+                                    "sign_test": sign_test([w for ws in wins[:n] for w in ws],
+                                                           [w for ws in other[:n] for w in ws])}
+        result[decoding] = row
+        print(decoding, json.dumps(row), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
 

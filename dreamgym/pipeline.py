@@ -182,6 +182,8 @@ class DemoConfig(BaseModel):
                                     "(EnvSpec.decision_step: the shop's option clicks) this many times; 6 with 2,500 "
                                     "steps of 16 (~24 min on 2 cores) gives the shop a policy that matches the task's "
                                     "options (benchmarks/bc_options.py, README), too long for the demo's budget")
+    bc_on_path: bool = Field(default=False, description="the SFT warm start clones each trajectory only up to its "
+                             "first detour, not the oracle's recoveries from the noise (bc_examples' on_path_only)")
     # RL: the settings that raised the real shop's success on 3 of 3 seeds (benchmarks/results/shop_rl.json)
     rl: dict[str, Any] = Field(default_factory=lambda: {"iterations": 6, "tasks_per_iter": 8, "group_size": 8,
                                                         "lr": 1e-4, "normalize_std": False, "turn_weighting": "episode",
@@ -279,8 +281,8 @@ STAGES: dict[str, Stage] = {
                        ("annotate",), ("experience_model", "buffer", "buffer.partial")),
     "fidelity": Stage("fidelity of the experience model", ("heldout_episodes", "heldout_noise"), ("train_exp",),
                       ("heldout.jsonl", "heldout_annotated.jsonl", "fidelity.json")),
-    "sft": Stage("SFT warm start", ("policy_model", "policy", "sft", "bc_decision_repeat", "eval_episodes",
-                                    "max_steps", "eval_num_envs"),
+    "sft": Stage("SFT warm start", ("policy_model", "policy", "sft", "bc_decision_repeat", "bc_on_path",
+                                    "eval_episodes", "max_steps", "eval_num_envs"),
                  ("collect",), ("sft",)),
     "grpo_real": Stage("GRPO in the real env", ("rl",), ("sft",), ("grpo_real",)),
     "dreamgym": Stage("DreamGym", ("rl", "dream", "dream_iterations"), ("sft", "train_exp"),
@@ -598,7 +600,7 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
     def sft() -> dict[str, Any]:
         if not (sft_dir / "summary.json").exists():
             train_bc([offline], cfg.policy_model, sft_dir, SFTConfig(**cfg.sft), policy_cfg,
-                     decision_repeat=cfg.bc_decision_repeat)
+                     decision_repeat=cfg.bc_decision_repeat, on_path_only=cfg.bc_on_path)
         t0 = time.monotonic()
         policy = load_policy(sft_dir)
         played = run_eval_episodes(policy, env_factory(env, **cfg.env_kwargs), "test", cfg.eval_episodes,

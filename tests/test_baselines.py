@@ -23,6 +23,7 @@ from dreamgym.baselines import (
     DPOTrainConfig,
     agent_observations,
     bc_examples,
+    on_path,
     preference_margin,
     preference_pairs,
     train_bc,
@@ -104,6 +105,15 @@ def test_noisy_collection_flags_its_detours_and_bc_learns_only_the_oracle_steps(
     assert len(kept) == sum(not x.info.get("detour") and not x.info["invalid_action"] for x in steps)
     assert len(bc_examples(data, cfg, only_successful=False, skip_detours=False)) == sum(
         not x.info["invalid_action"] for x in steps)
+    # on the oracle's own path: each trajectory's steps before its first detour, and no step after one
+    first = [next((i for i, x in enumerate(t.transitions) if x.info.get("detour")), len(t.transitions)) for t in data]
+    assert 0 < sum(first) < len(kept) and any(f == 0 for f in first)
+    on_path_steps = [(o, x) for t, f in zip(data, first, strict=True)
+                     for o, x in list(zip(agent_observations(t), t.transitions, strict=True))[:f]
+                     if not x.info["invalid_action"]]
+    kept_on_path = bc_examples(data, cfg, only_successful=False, on_path_only=True)
+    assert [e.target for e in kept_on_path] == [action_target(o, x.action, cfg) for o, x in on_path_steps]
+    assert all(on_path(t).success == t.success for t in data)
 
 
 def test_decision_repeat_clones_the_envs_decision_steps_k_times_and_nothing_else(oracle: list[Trajectory]) -> None:

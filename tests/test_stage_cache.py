@@ -45,6 +45,8 @@ def test_keys_follow_the_fields_and_stages_each_stage_depends_on(tmp_path: Path)
     moved = {s for s in STAGES if changed[s]["hash"] != base[s]["hash"]}
     assert {"sft", "grpo_real", "dreamgym", "s2r"} <= moved and not moved & {"collect", "train_exp", "fidelity"}
     assert changed["sft"]["inputs"]["bc_decision_repeat"] == 6
+    changed = stage_keys(micro(bc_on_path=True))
+    assert {s for s in STAGES if changed[s]["hash"] != base[s]["hash"]} == moved  # the same stages
     changed = stage_keys(micro(seed=1))  # read by the first stage: every key changes
     assert all(changed[s]["hash"] != base[s]["hash"] for s in STAGES)
     data = tmp_path / "own.jsonl"

@@ -7,13 +7,14 @@ from dreamgym.baselines.dpo import (
     preference_pairs,
     train_dpo,
 )
-from dreamgym.baselines.sft import agent_observations, bc_examples, read_data, train_bc
+from dreamgym.baselines.sft import agent_observations, bc_examples, on_path, read_data, train_bc
 
 __all__ = [
     "DPOTrainConfig",
     "PreferencePair",
     "agent_observations",
     "bc_examples",
+    "on_path",
     "preference_margin",
     "preference_pairs",
     "read_data",

@@ -59,9 +59,16 @@ def agent_observations(traj: Trajectory) -> list[AgentObservation]:
     return observations
 
 
+def on_path(traj: Trajectory) -> Trajectory:
+    """``traj`` up to (not including) its first detour (``info["detour"]``): the states its oracle reaches by
+    itself. ``success`` stays the whole trajectory's."""
+    cut = next((i for i, x in enumerate(traj.transitions) if x.info.get("detour")), len(traj.transitions))
+    return traj if cut == len(traj.transitions) else traj.model_copy(update={"transitions": traj.transitions[:cut]})
+
+
 def bc_examples(
     trajs: Sequence[Trajectory], policy_cfg: PolicyConfig, only_successful: bool = True, skip_detours: bool = True,
-    decision_repeat: int = 1,
+    decision_repeat: int = 1, on_path_only: bool = False,
 ) -> list[SFTExample]:
     """One example per valid step of the (successful) trajectories. Steps flagged ``invalid_action`` are
     skipped (they changed nothing: cloning them teaches a wasted turn) and counted in the log, as are steps
@@ -71,7 +78,13 @@ def bc_examples(
 
     ``decision_repeat``: each decision step (the env's ``EnvSpec.decision_step``: on the shop, clicking one of an
     item page's options) appears that many times (the same example object, tokenized once): at 6, 59% of the
-    shop's examples, and a policy cloned on them matches the option the task names (``benchmarks/bc_options.py``)."""
+    shop's examples, and a policy cloned on them matches the option the task names (``benchmarks/bc_options.py``).
+
+    ``on_path_only``: each trajectory only up to its first detour (:func:`on_path`), so not the oracle's recoveries
+    from the noise. A recovery's label depends on the history (on the shop, 29% of the results-page steps answer
+    "back to search" after a detour's search, the rest click a product), which a small policy learns late: cloned
+    on-path, the shop's policy plays the search, click, buy plan after 900 steps of 16, where it had not yet
+    opened a product after 1,000 (``benchmarks/bc_options.py --on-path``, README)."""
     if decision_repeat < 1:
         raise ValueError(f"decision_repeat must be >= 1, got {decision_repeat}")
     examples: list[SFTExample] = []
@@ -80,6 +93,8 @@ def bc_examples(
     for traj in trajs:
         if only_successful and not traj.success:
             continue
+        if on_path_only:
+            traj = on_path(traj)
         if decision_repeat > 1 and traj.task.env not in deciders:
             env_spec = find_spec(traj.task.env)
             deciders[traj.task.env] = env_spec.load("decision_step") if env_spec is not None else None
@@ -169,6 +184,7 @@ def train_bc(
     vocab_size: int | None = None,
     skip_detours: bool = True,
     decision_repeat: int = 1,
+    on_path_only: bool = False,
 ) -> dict[str, Any]:
     """Behaviour-clone the successful trajectories of ``data_paths`` (see :func:`bc_examples`) into a policy run
     dir; return the summary (also written to ``out_run_dir/summary.json``). A rerun into the same dir resumes from
@@ -178,7 +194,8 @@ def train_bc(
         raise ValueError(f"{run}: already holds a finished run (summary.json); choose another --out")
     started = time.monotonic()
     trajs = read_data(data_paths)
-    examples = bc_examples(trajs, policy_cfg, skip_detours=skip_detours, decision_repeat=decision_repeat)
+    examples = bc_examples(trajs, policy_cfg, skip_detours=skip_detours, decision_repeat=decision_repeat,
+                           on_path_only=on_path_only)
     if not examples:
         raise DataError(f"{', '.join(map(str, data_paths))}: no successful trajectories to clone")
     hf_model, tokenizer = init_model(model, trajs, examples, vocab_size, sft_cfg.seed)
@@ -203,6 +220,7 @@ def train_bc(
         "successful_trajectories": sum(t.success for t in trajs),
         "skip_detours": skip_detours,
         "decision_repeat": decision_repeat,
+        "on_path_only": on_path_only,
         "examples": len(examples),
         "distinct_examples": len({id(e) for e in examples}),
         **stats,

@@ -31,6 +31,8 @@ def sft_cmd(
                                         "ids and long actions as numbers (the shop demo's default)"),
     decision_repeat: int = typer.Option(1, min=1, help="clone each decision step (the env's EnvSpec.decision_step: "
                                         "on the shop, an option click) this many times"),
+    on_path: bool = typer.Option(False, "--on-path", help="clone each trajectory only up to its first detour (the "
+                                 "states the oracle reaches by itself), not the oracle's recoveries from the noise"),
     seed: int = typer.Option(0, help="model init and data order seed"),
     threads: int | None = typer.Option(None, help="torch CPU threads"),
 ) -> None:
@@ -46,7 +48,8 @@ def sft_cmd(
         raise ValueError(f"--action-format {action_format!r}: index, typed or text")
     policy_cfg = PolicyConfig(history_window=history_window, action_format=action_format,  # type: ignore[arg-type]
                               answer_by_name=answer_by_name)
-    summary = train_bc(data, model, out, sft_cfg, policy_cfg, vocab_size, decision_repeat=decision_repeat)
+    summary = train_bc(data, model, out, sft_cfg, policy_cfg, vocab_size, decision_repeat=decision_repeat,
+                       on_path_only=on_path)
     keys = ("examples", "real_transitions", "epochs", "train_loss", "seconds")
     console.print(f"saved the behaviour-cloned policy to {out}")
     print(json.dumps({k: summary[k] for k in keys}))
