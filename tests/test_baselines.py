@@ -347,11 +347,12 @@ def test_cli_sft_defaults_to_index_actions_and_takes_the_format(oracle: list[Tra
                                  str(tmp_path / "x"), "--decision-repeat", "0"])
     assert r.exit_code == 2 and not (tmp_path / "x").exists()
     r = CliRunner().invoke(app, ["baseline", "sft", "--data", str(tmp_path / "d.jsonl"), "--model", "micro", "--out",
-                                 str(tmp_path / "rep"), "--epochs", "0.2", "--threads", "1", "--decision-repeat", "3"])
+                                 str(tmp_path / "rep"), "--epochs", "0.2", "--threads", "1", "--decision-repeat", "3",
+                                 "--on-path"])
     assert r.exit_code == 0, r.output
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
     n_decisions = (summary["examples"] - summary["distinct_examples"]) // 2
-    assert summary["decision_repeat"] == 3 and n_decisions > 0
+    assert summary["decision_repeat"] == 3 and n_decisions > 0 and summary["on_path_only"] is True
     assert summary["examples"] == len(bc_examples(oracle, PolicyConfig(action_format="index"))) + 2 * n_decisions
 
 
