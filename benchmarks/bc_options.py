@@ -43,7 +43,7 @@ from pathlib import Path
 from dreamgym.agent.policy import PolicyConfig, action_target, build_agent_prompt, save_policy
 from dreamgym.baselines.sft import bc_examples, init_model, on_path, read_data
 from dreamgym.envs import spec
-from dreamgym.envs.shop.pages import option_step
+from dreamgym.envs.shop.pages import option_step, page_type
 from dreamgym.sft import SFTConfig, SFTExample, train_sft
 from dreamgym.types import Trajectory, Transition
 
@@ -84,6 +84,10 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=200)
     ap.add_argument("--decoding", choices=["free", "admissible"], default=None, help="--compare: override both runs'")
     args = ap.parse_args()
+    if args.against and not args.score:
+        ap.error("--against compares with the runs of --score RUN...")
+    if args.label_mix and not args.data:
+        ap.error("--label-mix counts the labels of --data FILE")
     if args.compare:
         compare(args)
         return
@@ -93,7 +97,7 @@ def main() -> None:
     if args.export_curve:
         print("\n".join(map(str, export_curve(Path(args.export_curve)))))
         return
-    if args.label_mix and args.data:
+    if args.label_mix:
         print(json.dumps(label_mix([t for t in read_data([args.data]) if t.success]), indent=1))
         return
     if not args.data or not args.out:
@@ -139,12 +143,8 @@ def main() -> None:
 
 
 def label_mix(trajs: list[Trajectory]) -> dict[str, dict[str, int]]:
-    """The cloned (oracle, valid) steps of ``trajs`` by "page: action kind", all of them and on-path only."""
-    def page_of(state: str) -> str:
-        first = state.split("\n", 1)[0]
-        return ("search" if "searchbox" in first else "results" if "(results" in first
-                else "item" if "Price:" in state else "other")
-
+    """The cloned (oracle, valid) steps of ``trajs`` by "page: action kind" (the shop's ``page_type``), all of them
+    and on-path only."""
     def kind(x: Transition) -> str:
         a = x.action
         for word in ("back to search", "next >", "< prev", "buy now"):
@@ -160,7 +160,7 @@ def label_mix(trajs: list[Trajectory]) -> dict[str, dict[str, int]]:
         for i, x in enumerate(traj.transitions):
             if x.info.get("invalid_action") or x.info.get("detour"):
                 continue
-            label = f"{page_of(x.state)}: {kind(x)}"
+            label = f"{page_type(x.state)}: {kind(x)}"
             counts["all"][label] += 1
             counts["on_path"][label] += i < cut
     return {k: dict(c.most_common()) for k, c in counts.items()}
