@@ -4,6 +4,9 @@ Each value of ``--field`` trains from the same SFT policy with the demo's RL set
 same seed, on the shop's train split with ``val_fraction=0.1``, and is evaluated greedily on ``--eval-episodes``
 val tasks: the same tasks for every value of a seed, so the values pair task by task with the first one.
 
+    # GRPO-real from the on-path cloned policy, against that policy itself (--against-start)
+    .venv/bin/python benchmarks/rl_val.py --init runs/onpath/p-s0 --field iterations --values 6 --seeds 0 1 2 \
+        --against-start --work runs/rl_val_onpath --out benchmarks/results/rl_val_onpath.json
     # where GRPO's invalid-action penalty goes (item 8): episode (in the return, shared by the episode's turns)
     # or step (on the invalid turn's own advantage, as verl-agent does)
     .venv/bin/python benchmarks/rl_val.py --init runs/bench/seed0/sft --field invalid_penalty_mode \
@@ -28,11 +31,13 @@ from typing import Any
 import yaml
 
 from dreamgym.pipeline import DemoConfig
+from dreamgym.rl.evaluate import EVAL_TASKS, EVAL_TASKS_START
 from dreamgym.rl.trainer import RLConfig, train
 from dreamgym.stats import bootstrap_ci, paired_bootstrap_ci, sign_test
 
 
-def run(args: argparse.Namespace, value: Any, seed: int) -> list[dict[str, Any]]:
+def run(args: argparse.Namespace, value: Any, seed: int, start: bool = False) -> list[dict[str, Any]]:
+    """The per-task outcomes of the run's final evaluation, or with ``start`` of its initial policy's."""
     out = args.work / f"{args.field}={value}-s{seed}"
     if not (out / "summary.json").exists():
         cfg = RLConfig.model_validate({**DemoConfig().rl, "env": "shop", "env_kwargs": {"val_fraction": 0.1},
@@ -40,7 +45,7 @@ def run(args: argparse.Namespace, value: Any, seed: int) -> list[dict[str, Any]]
                                        "eval_split": "val", "eval_episodes": args.eval_episodes, "eval_every": 0,
                                        args.field: value})
         train(cfg, out, resume=(out / "checkpoint").exists())
-    return list(json.loads((out / "eval_tasks.json").read_text())["per_task"])
+    return list(json.loads((out / (EVAL_TASKS_START if start else EVAL_TASKS)).read_text())["per_task"])
 
 
 def main() -> None:
@@ -49,6 +54,8 @@ def main() -> None:
     ap.add_argument("--field", required=True, help="an RLConfig field")
     ap.add_argument("--values", nargs="+", required=True, help="its values (YAML scalars); the first is the reference")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--against-start", action="store_true",
+                    help="the reference is the initial policy (each run's start evaluation, the same val tasks)")
     ap.add_argument("--iterations", type=int, default=DemoConfig().rl["iterations"])
     ap.add_argument("--eval-episodes", type=int, default=200)
     ap.add_argument("--work", type=Path, default=Path("runs/rl_val"))
@@ -59,6 +66,9 @@ def main() -> None:
     values = [yaml.safe_load(v) for v in args.values]
     per = {str(v): [run(args, v, s) for s in args.seeds] for v in values}
     ref = str(values[0])
+    if args.against_start:
+        ref = "start"
+        per = {ref: [run(args, values[0], s, start=True) for s in args.seeds], **per}
 
     def col(v: str, key: str) -> list[list[float]]:
         return [[float(t[key]) for t in tasks] for tasks in per[v]]
@@ -86,6 +96,7 @@ def main() -> None:
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     for v, e in result["values"].items():
         s, r = e["success_rate"], e["mean_reward"]
+        v = "start (SFT)" if v == "start" else v
         line = (f"{args.field}={v:10s} val success {s['mean']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}]  "
                 f"mean reward {r['mean']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]")
         if "vs_reference" in e:

@@ -82,6 +82,9 @@ def test_grpo_iteration_updates_the_policy_and_counts_real_transitions(sft_run: 
     assert summary["iterations"] == 1 and summary["eval_episodes"] == 2
     assert {"success_rate", "mean_reward", "initial_eval"} <= set(summary)
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary
+    start, final = (json.loads((tmp_path / "run" / f).read_text()) for f in ("eval_tasks_start.json", "eval_tasks.json"))
+    assert (start["iteration"], final["iteration"]) == (0, 1)  # the start's per-task outcomes are kept, to pair with
+    assert [t["task_id"] for t in start["per_task"]] == [t["task_id"] for t in final["per_task"]]
     shaped = [t.total_reward - 0.1 * sum(bool(x.info["invalid_action"]) for x in t.transitions) for t in rollouts]
     assert len(set(shaped[:4])) > 1 or len(set(shaped[4:])) > 1  # some group has a non-zero advantage
     m = metrics(tmp_path / "run")[0]

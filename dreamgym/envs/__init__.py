@@ -36,6 +36,7 @@ register(
     variation_operator="dreamgym.envs.shop.variations:ShopVariationOperator",
     page_type="dreamgym.envs.shop.pages:page_type",
     decision_step="dreamgym.envs.shop.pages:option_step",
+    trace_checker="dreamgym.envs.shop.recheck:recheck_purchase",
     demo_defaults={
         "env_kwargs": {"num_products": 1000},
         # search[<instruction>] is a shop action; answer_by_name: option and button clicks cloned as text (on val,

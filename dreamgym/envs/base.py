@@ -285,6 +285,10 @@ class EnvSpec:
       alternatives, the one the task decides (the shop: one of an item page's two or more options). Behaviour
       cloning can repeat them (``train_bc(decision_repeat=K)``, ``DemoConfig.bc_decision_repeat``). Without it
       no step is one, and every step is cloned once.
+    * ``trace_checker``: ``(state, action, ExperiencePrediction) -> ExperiencePrediction | None``, the dreamt
+      prediction with the verdicts of its reasoning trace recomputed from the text the trace compares (the shop:
+      a purchase's checks, score and reward; :mod:`dreamgym.envs.shop.recheck`), None where it checks nothing.
+      Used by M_exp with ``ProtocolConfig.checked_verdicts``. Without it the model's verdicts stand.
     * ``demo_defaults``: :class:`~dreamgym.pipeline.DemoConfig` fields this env needs when a config does not
       give them (e.g. its constructor's ``env_kwargs``).
     """
@@ -297,6 +301,7 @@ class EnvSpec:
     variation_operator: Ref | None = None
     page_type: Ref | None = None
     decision_step: Ref | None = None
+    trace_checker: Ref | None = None
     demo_defaults: Mapping[str, Any] = field(default_factory=dict)
 
     def load(self, what: str) -> Any:

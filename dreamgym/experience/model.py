@@ -17,12 +17,13 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dreamgym.envs.base import find_spec
 from dreamgym.experience.protocol import (
     ExperiencePrediction,
     ExperienceQuery,
@@ -59,6 +60,8 @@ class ExperienceConfig(BaseModel):
     max_resamples: int = Field(default=2, ge=0, description="resamples of a malformed output before the fallback")
     resample_temperature: float = Field(default=0.7, gt=0)
     retrieval_env: str | None = Field(default=None, description="retrieve only transitions of this env")
+    env: str | None = Field(default=None, description="the env of the training data (its EnvSpec.trace_checker "
+                            "serves ProtocolConfig.checked_verdicts)")
 
     def protocol_config(self) -> ProtocolConfig:
         # a model saved before the TARGET line existed was trained without it
@@ -96,6 +99,30 @@ class ExperienceModel:
         self.stats = ParseStats()  # final outcome of every predicted step (ok, or the failure reason served)
         self.resamples = 0  # extra generations spent on malformed outputs
         self.shortened_prompts = 0  # prompts cut to fit the model's context (see fit_context)
+        self.checker = self._trace_checker()
+        self.checked = 0  # predictions whose trace the env's checker read (checked_verdicts)
+        self.recomputed = 0  # ... of which the checker changed the reasoning, reward or next state
+
+    def _trace_checker(self) -> Callable[[str, str, ExperiencePrediction], ExperiencePrediction | None] | None:
+        if not self.protocol.checked_verdicts:
+            return None
+        env = self.cfg.env or self.cfg.retrieval_env
+        env_spec = find_spec(env) if env else None
+        checker = env_spec.load("trace_checker") if env_spec is not None else None
+        if checker is None:
+            raise ValueError(f"checked_verdicts needs an env with a trace_checker; the experience model's env is {env!r}")
+        return cast(Callable[[str, str, ExperiencePrediction], "ExperiencePrediction | None"], checker)
+
+    def _check(self, query: ExperienceQuery, pred: ExperiencePrediction) -> ExperiencePrediction:
+        """``pred`` with its trace's verdicts recomputed by the env's checker (``checked_verdicts``), counted."""
+        if self.checker is None:
+            return pred
+        checked = self.checker(query.state, query.action, pred)
+        if checked is None:
+            return pred
+        self.checked += 1
+        self.recomputed += checked != pred
+        return checked
 
     @classmethod
     def load(
@@ -195,7 +222,7 @@ class ExperienceModel:
                 parsed = parse_output(c.text, self.protocol, length_limited=c.finish_reason == "length",
                                       query=queries[i])
                 if parsed.prediction is not None:
-                    results[i] = parsed.prediction
+                    results[i] = self._check(queries[i], parsed.prediction)
                     self.stats.add(parsed)
                 else:
                     reasons[i] = parsed.reason or "empty"
@@ -212,7 +239,10 @@ class ExperienceModel:
         return [r for r in results if r is not None]
 
     def stats_dict(self) -> dict[str, Any]:
-        return {**self.stats.as_dict(), "resamples": self.resamples, "shortened_prompts": self.shortened_prompts}
+        out = {**self.stats.as_dict(), "resamples": self.resamples, "shortened_prompts": self.shortened_prompts}
+        if self.checker is not None:
+            out |= {"checked_verdicts": self.checked, "recomputed_verdicts": self.recomputed}
+        return out
 
     def __repr__(self) -> str:
         return f"ExperienceModel(llm={type(self.llm).__name__}, cfg={json.dumps(self.cfg.model_dump())})"

@@ -179,6 +179,10 @@ class ProtocolConfig(BaseModel):
     # the offline data played (the same search, the same click); without this, training never shows one (its own
     # key is excluded) and the model writes the page anew.
     exact_neighbours: bool = False
+    # The verdicts of a dreamt reasoning trace (a purchase's "y"/"n" checks, its score and so its reward) are
+    # recomputed from the text the trace compares, by the env's EnvSpec.trace_checker (ExperienceModel.predict):
+    # the model only has to write what to compare. It changes no prompt or target, only how an output is read.
+    checked_verdicts: bool = False
 
     def system_text(self) -> str:
         if self.system_prompt is not None:

@@ -389,7 +389,8 @@ def train_experience_model(
     sft_cfg = sft_cfg.after(prep_s)
     prompt_tokens = sum(len(encode_prompt(tokenizer, ex.prompt)) for ex in examples)
     target_tokens = sum(len(tokenizer(ex.target, add_special_tokens=False).input_ids) for ex in examples)
-    exp_cfg = ExperienceConfig.from_protocol(protocol_cfg, chat=chat,
+    envs = {t.task.env for t in trajs}
+    exp_cfg = ExperienceConfig.from_protocol(protocol_cfg, chat=chat, env=envs.pop() if len(envs) == 1 else None,
                                              max_new_tokens=target_token_limit(tokenizer, examples))
     n_params = sum(p.numel() for p in lm.parameters())
     log.info("M_exp: %d examples (%d transitions), %.1f prompt + %.1f target tokens each, %.2fM params",

@@ -25,6 +25,8 @@ from dreamgym.types import Task, Trajectory
 
 # RUN/eval_tasks.json: the latest (so, at the end, the final) evaluation's per-episode task_id, success, reward
 EVAL_TASKS = "eval_tasks.json"
+# RUN/eval_tasks_start.json: the initial policy's (eval_at_start), so that a run pairs with its own start task by task
+EVAL_TASKS_START = "eval_tasks_start.json"
 
 def eval_tasks(pool: EnvPool, split: str, episodes: int, seed: int) -> list[Task]:
     """The split's tasks in the seeded order of :func:`dreamgym.collect.seeded_order`."""
@@ -103,4 +105,4 @@ def record_evaluation(policy: LLMPolicy, pool: EnvPool, cfg: RLConfig, state: Tr
     return result
 
 
-__all__ = ["eval_tasks", "evaluate_policy", "record_evaluation", "run_eval_episodes", "write_per_task"]
+__all__ = ["EVAL_TASKS", "EVAL_TASKS_START", "eval_tasks", "evaluate_policy", "record_evaluation", "run_eval_episodes", "write_per_task"]

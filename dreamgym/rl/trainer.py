@@ -64,7 +64,7 @@ from dreamgym.rl.checkpoint import (
 from dreamgym.rl.config import RLConfig, make_env_factory, open_pools, tasks_within_budget
 from dreamgym.rl.critic import truncated_values
 from dreamgym.rl.distributed import Dist
-from dreamgym.rl.evaluate import EVAL_TASKS, record_evaluation
+from dreamgym.rl.evaluate import EVAL_TASKS, EVAL_TASKS_START, record_evaluation
 from dreamgym.rl.learner import Learner
 from dreamgym.rl.rollout import MAX_SEED, Episode, RolloutStats, collect_rollouts, episode_stats
 from dreamgym.rl.weight_sync import WeightSync
@@ -128,7 +128,9 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
         sync.push()  # a rollout server serves the trainer's weights (a resumed run's too) from the first rollout
         # ---- evaluate: the initial policy
         if ckpt is None and cfg.eval_at_start and eval_pool is not None:
-            result = record_evaluation(policy, eval_pool, cfg, state, run / EVAL_TASKS, dist)
+            result = record_evaluation(policy, eval_pool, cfg, state, run / EVAL_TASKS_START, dist)
+            if dist.is_main:
+                (run / EVAL_TASKS).write_bytes((run / EVAL_TASKS_START).read_bytes())
             console.print(f"iter 0 | eval success {result.success_rate:.3f} reward {result.mean_reward:.3f}")
         while state.iteration < cfg.iterations:
             if cfg.real_transition_budget is not None and state.real_transitions >= cfg.real_transition_budget:
