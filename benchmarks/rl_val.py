@@ -9,6 +9,8 @@ val tasks: the same tasks for every value of a seed, so the values pair task by 
         --against-start --work runs/rl_val_onpath --out benchmarks/results/rl_val_onpath.json
     .venv/bin/python benchmarks/rl_val.py --init runs/onpath/p-s0 --field lr --values 1e-3 --seeds 0 1 2 \
         --against-start --work runs/rl_val_onpath --out benchmarks/results/rl_val_onpath_lr.json
+    .venv/bin/python benchmarks/rl_val.py --init runs/onpath/p-s0 --field temperature --values 0.5 --seeds 0 1 2 \
+        --against-start --work runs/rl_val_onpath --out benchmarks/results/rl_val_onpath_temperature.json
     # where GRPO's invalid-action penalty goes (item 8): episode (in the return, shared by the episode's turns)
     # or step (on the invalid turn's own advantage, as verl-agent does)
     .venv/bin/python benchmarks/rl_val.py --init runs/bench/seed0/sft --field invalid_penalty_mode \
