@@ -15,6 +15,13 @@ and nothing else (a paired comparison with no sampling noise between the arms). 
 * with ``--policy``: ``wm2real``, the policy's greedy dreamt episodes on the first ``--episodes`` distinct tasks of
   ``--dream-data`` replayed in the real shop (how often the dreamt and real final rewards agree within 0.1).
 
+``--operands`` also counts, per run, the held-out purchases whose trace writes each check's operands as the
+annotation does (``operands`` in the run's cell): what the checker can only be as right as.
+
+``--oracle-operands DATA...`` needs no model: per file, whether the checker leaves every annotated purchase trace as
+it is, and how often a trace with the annotation's operands but ``y`` for every check and ``1.00`` is scored within
+0.1 of the real reward once checked, beside the majority answer's (1.0) rate (``oracle_operands``).
+
 ``--summarise`` prints each metric's mean and 95% t interval over the runs, per arm, and the paired difference.
 Results go to ``--out`` run by run (a rerun skips the runs it holds).
 """
@@ -23,12 +30,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
+import re
 import time
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+try:  # run as a script (benchmarks/ on sys.path) or as benchmarks.checked_verdicts
+    from pretrained_base import mean_ci  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover
+    from benchmarks.pretrained_base import mean_ci
 
 KEYS = ("terminal_reward_accuracy", "terminal_reward_majority_baseline", "terminal_reward_exact_accuracy",
         "reward_consistency", "reward_accuracy", "reward_majority_baseline", "done_accuracy",
@@ -59,18 +71,25 @@ class MemoLLM:
         return [self.memo[k] for k in keys]
 
 
+def load_run(run: Path) -> Any:
+    """The run's M_exp (its last snapshot, if it took any) over its own replay buffer."""
+    from dreamgym.experience.model import ExperienceModel
+    from dreamgym.replay import ReplayBuffer
+
+    buffer = ReplayBuffer.open(run / "buffer", create=False, read_only=True) if (run / "buffer").is_dir() else None
+    snapshots = json.loads((run / "summary.json").read_text()).get("snapshots") if (run / "summary.json").is_file() else None
+    return ExperienceModel.load(snapshots[-1]["dir"] if snapshots else run, buffer=buffer)
+
+
 def score_run(args: argparse.Namespace, run: Path) -> dict[str, Any]:
     from dreamgym.agent.policy import load_policy
     from dreamgym.experience.fidelity import evaluate_experience_model
     from dreamgym.experience.model import ExperienceConfig, ExperienceModel
-    from dreamgym.replay import ReplayBuffer
     from dreamgym.rl.wm2real import policy_wm2real
     from dreamgym.types import read_trajectories
 
-    buffer = ReplayBuffer.open(run / "buffer", create=False, read_only=True) if (run / "buffer").is_dir() else None
-    snapshots = json.loads((run / "summary.json").read_text()).get("snapshots") if (run / "summary.json").is_file() else None
-    base = ExperienceModel.load(snapshots[-1]["dir"] if snapshots else run, buffer=buffer)
-    llm = MemoLLM(base.llm)
+    base = load_run(run)
+    buffer, llm = base.buffer, MemoLLM(base.llm)
     sets = {"heldout": args.heldout, "extra": args.extra_heldout or []}
     data = {name: [t for p in paths for t in read_trajectories(p)] for name, paths in sets.items() if paths}
     policy = load_policy(args.policy) if args.policy else None
@@ -95,15 +114,68 @@ def score_run(args: argparse.Namespace, run: Path) -> dict[str, Any]:
     return out
 
 
-def t95(n: int) -> float:
-    return {1: math.nan, 2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776}.get(n, 1.96)
-
-
 def interval(values: list[float]) -> str:
     if len(values) < 2:
         return f"{values[0]:.3f}" if values else "-"
-    half = t95(len(values)) * statistics.stdev(values) / math.sqrt(len(values))
-    return f"{statistics.mean(values):.3f} ± {half:.3f}"
+    mean, _, half = mean_ci(values)
+    return f"{mean:.3f} ± {half:.3f}"
+
+
+def purchase_steps(paths: Sequence[Path]) -> list[tuple[Any, int]]:
+    """(trajectory, step) of every annotated purchase (a trace that starts with ``buy``) in ``paths``."""
+    from dreamgym.types import read_trajectories
+
+    return [(t, i) for p in paths for t in read_trajectories(p) for i, x in enumerate(t.transitions)
+            if str(x.info.get("reasoning") or "").startswith("buy")]
+
+
+def oracle_operands(paths: Sequence[Path]) -> dict[str, Any]:
+    from dreamgym.envs.shop.recheck import recheck_purchase
+    from dreamgym.types import ExperiencePrediction
+
+    out = {}
+    for path in paths:
+        unchanged = within = majority = 0
+        steps = purchase_steps([path])
+        for traj, i in steps:
+            x = traj.transitions[i]
+            trace = x.info["reasoning"]
+            real = recheck_purchase(x.state, x.action, ExperiencePrediction(trace, x.next_state, x.reward, True,
+                                                                            x.reward >= 1 - 1e-9))
+            unchanged += real is not None and (real.reasoning, real.next_state) == (trace, x.next_state) \
+                and abs(real.reward - x.reward) <= 0.005 + 1e-9
+            lazy = re.sub(r"score .* -> done$", "score 1/1=1.00 -> done", re.sub(r" n(?=;)", " y", trace))
+            checked = recheck_purchase(x.state, x.action, ExperiencePrediction(lazy, x.next_state, 1.0, True, True))
+            within += checked is not None and abs(checked.reward - x.reward) <= 0.1
+            majority += abs(1.0 - x.reward) <= 0.1
+        n = max(len(steps), 1)
+        out[str(path)] = {"purchases": len(steps), "unchanged": unchanged, "all_yes_checked_within_0.1": within / n,
+                          "majority_within_0.1": majority / n}
+    return out
+
+
+def operands(model: Any, paths: Sequence[Path]) -> dict[str, Any]:
+    """Of the held-out purchases, how many traces write each check kind's operands as the annotation does."""
+    from dreamgym.experience.protocol import ExperienceQuery
+
+    def by_kind(trace: str | None) -> dict[str, list[str]]:
+        kinds = defaultdict(list)
+        for clause in (trace or "").split("; ")[1:-1]:
+            kind, _, body = clause.partition(" ")
+            body = body.rsplit(" ", 2 if kind == "attr" else 1)[0]  # without the verdict (and title/unseen)
+            kinds[kind].append(body)
+        return kinds
+
+    steps = purchase_steps(paths)
+    preds = model.predict([ExperienceQuery.at_step(t, i) for t, i in steps], seed=0)
+    right: Counter[str] = Counter()
+    for (traj, i), pred in zip(steps, preds, strict=True):
+        real, dreamt = by_kind(traj.transitions[i].info["reasoning"]), by_kind(pred.reasoning)
+        for kind in ("type", "attr", "opt", "price"):
+            right[kind] += real[kind] == dreamt[kind]
+        right["task type"] += [b.split("=")[0] for b in real["type"]] == [b.split("=")[0] for b in dreamt["type"]]
+        right["item price"] += [b.split("<=")[0] for b in real["price"]] == [b.split("<=")[0] for b in dreamt["price"]]
+    return {"purchases": len(steps), **right}
 
 
 def summarise(results: dict[str, Any]) -> None:
@@ -128,13 +200,15 @@ def main() -> None:
     parser.add_argument("--dream-data", nargs="+", type=Path, help="wm2real: trajectories whose tasks are dreamt")
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--env", default="shop")
+    parser.add_argument("--operands", action="store_true", help="count the right operands of each run's purchases")
+    parser.add_argument("--oracle-operands", nargs="+", type=Path, help="the checker on annotated data (no model)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--summarise", action="store_true")
     args = parser.parse_args()
     if args.policy and not args.dream_data:
         parser.error("--policy needs --dream-data")
     results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.is_file() else {"commands": [], "runs": {}}
-    if args.runs:
+    if args.runs or args.oracle_operands:
         import shlex
         import sys
 
@@ -142,11 +216,18 @@ def main() -> None:
     for run in args.runs:
         if not run.is_dir():
             parser.error(f"{run}: not a model directory")
-        if str(run) in results["runs"]:
-            continue
-        results["runs"][str(run)] = score_run(args, run)
+        cell = results["runs"].get(str(run)) or score_run(args, run)
+        if args.operands and "operands" not in cell:
+            cell["operands"] = operands(load_run(run), args.heldout)
+            print(run, "operands", cell["operands"], flush=True)
+        results["runs"][str(run)] = cell
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1))
+    if args.oracle_operands:
+        results["oracle_operands"] = oracle_operands(args.oracle_operands)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=1))
+        print(json.dumps(results["oracle_operands"], indent=1))
     if args.summarise:
         summarise(results)
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -128,9 +129,9 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
         sync.push()  # a rollout server serves the trainer's weights (a resumed run's too) from the first rollout
         # ---- evaluate: the initial policy
         if ckpt is None and cfg.eval_at_start and eval_pool is not None:
-            result = record_evaluation(policy, eval_pool, cfg, state, run / EVAL_TASKS_START, dist)
-            if dist.is_main:
-                (run / EVAL_TASKS).write_bytes((run / EVAL_TASKS_START).read_bytes())
+            result = record_evaluation(policy, eval_pool, cfg, state, run / EVAL_TASKS, dist)
+            if dist.is_main:  # kept apart from the later evaluations' (redone on a resume before iteration 1 is saved)
+                shutil.copyfile(run / EVAL_TASKS, run / EVAL_TASKS_START)
             console.print(f"iter 0 | eval success {result.success_rate:.3f} reward {result.mean_reward:.3f}")
         while state.iteration < cfg.iterations:
             if cfg.real_transition_budget is not None and state.real_transitions >= cfg.real_transition_budget:
