@@ -6,9 +6,11 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from dreamgym.rl import (
     agg_loss,
+    allowed_vocab,
     broadcast_turn_values,
     entropy_from_logits,
     gae,
@@ -18,6 +20,7 @@ from dreamgym.rl import (
     masked_sum,
     masked_whiten,
     policy_loss,
+    restrict_logprobs,
     reward_variance,
     sequence_logprobs,
     token_logprobs,
@@ -384,3 +387,28 @@ def test_sequence_logprobs_ignore_padding_side(tiny_llama: torch.nn.Module) -> N
     torch.testing.assert_close(from_right[:, :4], plain, atol=1e-5, rtol=0)
     assert from_left[:, :2].abs().sum().item() == 0.0 and from_right[:, 4:].abs().sum().item() == 0.0
     assert not torch.allclose(hot, plain)  # temperature changes the distribution being scored
+
+
+def test_restricted_logprobs_renormalise_over_the_allowed_tokens_and_leave_the_others_without_gradient() -> None:
+    torch.manual_seed(0)
+    vocab, temperature = 7, 0.8
+    ids = torch.tensor([[5, 1, 2, 3, 0], [6, 4, 2, 0, 0]])
+    attn = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    mask = torch.tensor([[0.0, 0, 1, 1, 1], [0, 0, 1, 0, 0]])  # row 0: 3 response tokens, row 1: 1
+    logits = torch.randn(2, 5, vocab, requires_grad=True)
+    full = F.pad(token_logprobs(logits[:, :-1] / temperature, ids[:, 1:].masked_fill(attn[:, 1:] == 0, -100)), (1, 0))
+    sets = [[[2, 4], [], [0, 3, 6]], None]  # row 0's middle token and all of row 1: the whole vocabulary
+    allowed = allowed_vocab(mask, sets, vocab)
+    assert allowed.shape == (4, vocab) and allowed.sum(-1).tolist() == [2, vocab, 3, vocab]
+    logp = restrict_logprobs(full, logits, mask, allowed, temperature)
+    z = logits.detach()[0] / temperature
+    assert logp[0, 2].item() == pytest.approx((z[1, 2] - torch.logsumexp(z[1, [2, 4]], 0)).item(), abs=1e-5)
+    assert logp[0, 4].item() == pytest.approx((z[3, 0] - torch.logsumexp(z[3, [0, 3, 6]], 0)).item(), abs=1e-5)
+    untouched = torch.tensor([[1, 1, 0, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    assert torch.equal(logp[untouched], full[untouched])  # unmasked tokens and non-response positions
+    (logp * mask).sum().backward()
+    assert logits.grad is not None
+    assert torch.all(logits.grad[0, 1, [0, 1, 3, 5, 6]] == 0) and torch.all(logits.grad[0, 3, [1, 2, 4, 5]] == 0)
+    assert logits.grad[0, 1, 4].abs() > 0 and logits.grad[0, 2].abs().sum() > 0
+    with pytest.raises(ValueError, match="2 allowed-token sets for 3 response tokens"):
+        allowed_vocab(mask, [[[1], [2]], None], vocab)

@@ -258,6 +258,37 @@ def test_admissible_decoding_makes_every_greedy_action_admissible(micro_dir: Pat
     assert any(t.invalid for e in sampled for t in e.turns)  # sampling is not guided
 
 
+def test_action_masking_samples_admissible_actions_and_the_learner_scores_them_under_the_same_mask(
+    micro_dir: Path, pool: LocalEnvPool
+) -> None:
+    """With ``sampling="admissible"`` an untrained policy's sampled actions are all admissible, each token keeps
+    the set it was drawn among, and the learner's first ratio is 1 only because it applies the same mask."""
+    import numpy as np
+
+    from dreamgym.rl.config import RLConfig
+    from dreamgym.rl.learner import Learner
+
+    llm = HFLLM.from_pretrained(micro_dir)
+    policy = LLMPolicy(llm, PolicyConfig(max_new_tokens=40, action_format="index", sampling="admissible"))
+    episodes = collect_rollouts(pool, policy, pool.tasks("train")[:3], group_size=2, max_steps=3, seed=0)
+    turns = [t for e in episodes for t in e.turns]
+    assert turns and not any(t.invalid for t in turns) and all(t.parsed for t in turns)
+    assert len({t.action for t in turns}) > 1  # sampled, not one argmax
+    for t in turns:
+        assert t.allowed_ids is not None and len(t.allowed_ids) == len(t.response_ids)
+        assert all(tok in allowed for tok, allowed in zip(t.response_ids, t.allowed_ids, strict=True))
+    rows = turn_rows(episodes)
+    for i, row in enumerate(rows):
+        row.advantage = 1.0 if i % 2 else -1.0
+    batch = collate(rows, llm.pad_id)
+    with torch.no_grad():  # the unmasked softmax is not what the tokens were sampled from
+        free = sequence_logprobs(llm.model, batch["input_ids"], batch["attention_mask"])
+    assert float(((free - batch["old_logp"]).abs() * batch["mask"]).max()) > 0.05
+    learner = Learner(policy, RLConfig(minibatch_size=1000, micro_batch_size=1000, lr=1e-3))
+    stats = learner.update(rows, np.random.default_rng(0))
+    assert stats["logp_behaviour_gap"] < 1e-5 and abs(stats["ratio_max"] - 1.0) < 1e-4
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     os.environ.get("DREAMGYM_TEST_RAY") != "1",

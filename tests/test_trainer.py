@@ -94,6 +94,20 @@ def test_grpo_iteration_updates_the_policy_and_counts_real_transitions(sft_run: 
     assert (tmp_path / "run" / "tb").is_dir() and (tmp_path / "run" / "checkpoint" / "optimizer.pt").is_file()
 
 
+def test_grpo_with_action_masking_samples_only_admissible_actions(sft_run: Path, tmp_path: Path) -> None:
+    """``action_masking``: no training rollout takes an invalid action, the loss scores the sampled tokens under the
+    mask they were drawn with (first ratio 1), the run's policy samples guided, and a server cannot do it."""
+    summary = train(config(sft_run, action_masking=True, seed=1), tmp_path / "run")
+    rollouts = list(read_jsonl(tmp_path / "run" / "rollouts" / "iter_00001.jsonl"))
+    assert len(rollouts) == 8 and summary["real_transitions"] == sum(t.num_steps for t in rollouts)
+    assert not any(x.info["invalid_action"] for t in rollouts for x in t.transitions)
+    m = metrics(tmp_path / "run")[0]
+    assert m["logp_behaviour_gap"] < 1e-4
+    assert PolicyConfig.model_validate_json((tmp_path / "run" / "policy.json").read_text()).sampling == "admissible"
+    with pytest.raises(ValueError, match="action_masking needs in-process rollouts"):
+        RLConfig.model_validate({"action_masking": True, "rollout_server": {"base_url": "http://x", "model": "m"}})
+
+
 def test_ppo_iteration_updates_policy_and_critic(sft_run: Path, tmp_path: Path) -> None:
     summary = train(config(sft_run, algo="ppo", minibatch_size=8), tmp_path / "run")
     assert summary["algo"] == "ppo" and summary["iterations"] == 1

@@ -77,8 +77,12 @@ class PolicyConfig(BaseModel):
     offer_task_search: bool = Field(default=False, description="add search[<instruction>] where search is offered")
     decoding: Literal["free", "admissible"] = Field(
         default="free", description="admissible: greedy decoding is guided to the answer of one of the admissible "
-        "actions (SamplingParams.choices; a token trie), so the policy's argmax can never be an invalid action. "
-        "Sampling (RL rollouts) stays free: the loss scores tokens under the unmasked softmax")
+        "actions (SamplingParams.choices; a token trie), so the policy's argmax can never be an invalid action")
+    sampling: Literal["free", "admissible"] = Field(
+        default="free", description="admissible: sampling (RL rollouts) draws each token from the policy's "
+        "distribution renormalised over the tokens that continue an admissible action's answer (invalid action "
+        "masking); each step keeps those token sets, and RL scores its tokens under the same mask (RLConfig."
+        "action_masking sets it)")
     answer_by_name: bool = Field(default=False, description="index format: clone a short word action (an option, a "
                                  "button: see is_word_action) as its text, and only ids and long actions as option "
                                  "numbers")
@@ -103,6 +107,7 @@ class PolicyStep:
     response_ids: list[int]
     logprobs: list[float] | None
     weight_version: int | None = None  # the served weights that generated it (a server that reports it)
+    allowed_ids: list[list[int]] | None = None  # sampling="admissible": per response token, the ids it was drawn among
 
 
 def agent_options(obs: AgentObservation, cfg: PolicyConfig) -> list[str]:
@@ -235,17 +240,21 @@ def env_action(text: str, obs: AgentObservation, cfg: PolicyConfig) -> str | Non
 
 
 def on_policy_config(
-    cfg: PolicyConfig, temperature: float, invalid_action_penalty: float, top_p: float = 1.0
+    cfg: PolicyConfig, temperature: float, invalid_action_penalty: float, top_p: float = 1.0,
+    action_masking: bool = False,
 ) -> PolicyConfig:
-    """``cfg`` with an on-policy RL run's sampling: its temperature and penalty, and ``top_p`` (1.0: RL config
+    """``cfg`` with an on-policy RL run's sampling: its temperature and penalty, ``sampling="admissible"`` with
+    ``action_masking`` (else free: a loaded policy's saved value does not carry over), and ``top_p`` (1.0: RL config
     validation refuses anything else). A policy cloned with ``top_p < 1`` samples from a truncated
     distribution, while the loss scores the tokens under the full softmax, so keeping the saved value would
     bias every policy gradient; overriding it is logged."""
     if cfg.top_p != top_p:
         log.warning("policy sampling: the loaded policy's top_p=%g is replaced by top_p=%g for on-policy RL (the "
                     "loss scores tokens under the untruncated distribution)", cfg.top_p, top_p)
+    if action_masking and cfg.thinking:
+        raise ValueError("action masking guides the answer tokens, and this policy thinks first; use thinking=false")
     return cfg.model_copy(update={"temperature": temperature, "invalid_action_penalty": invalid_action_penalty,
-                                  "top_p": top_p})
+                                  "top_p": top_p, "sampling": "admissible" if action_masking else "free"})
 
 
 class LLMPolicy:
@@ -299,18 +308,21 @@ class LLMPolicy:
         return prompt
 
     def choices(self, obs: AgentObservation) -> tuple[str, ...] | None:
-        """``decoding="admissible"``: the answers greedy decoding is guided to, one per admissible action (the
-        completion :func:`action_target` clones for it); None without admissible actions or with thinking."""
-        if self.cfg.decoding != "admissible" or self.cfg.thinking or not obs.admissible_actions:
+        """The answers guided decoding is restricted to, one per admissible action (the completion
+        :func:`action_target` clones for it); None without admissible actions or with thinking."""
+        if self.cfg.thinking or not obs.admissible_actions:
             return None
         return tuple(dict.fromkeys(action_target(obs, a, self.cfg) for a in agent_options(obs, self.cfg)))
 
     def generate(self, prompts: list[ChatMessages], batch: Sequence[AgentObservation], params: SamplingParams) -> list[Any]:
-        """One batched call; greedy with ``decoding="admissible"`` gives each row its own choices (a backend
-        without per-row parameters is called row by row)."""
-        if params.temperature > 0 or self.cfg.decoding == "free":
+        """One batched call; guided decoding (``decoding`` when greedy, ``sampling`` when sampling, set to
+        ``"admissible"``) gives each row its own choices, and row ``i`` the seed ``seed + i`` as in an unguided
+        call (a backend without per-row parameters is called row by row)."""
+        guided = self.cfg.decoding if params.temperature == 0 else self.cfg.sampling
+        if guided == "free":
             return self.llm.generate(prompts, params)
-        rows = [replace(params, choices=self.choices(o)) for o in batch]
+        rows = [replace(params, choices=self.choices(o), seed=None if params.seed is None else params.seed + i)
+                for i, o in enumerate(batch)]
         generate_rows, encode = getattr(self.llm, "generate_rows", None), getattr(self.llm, "encode", None)
         if generate_rows is not None and encode is not None:
             return list(generate_rows([encode(p) for p in prompts], rows))
@@ -333,6 +345,7 @@ class LLMPolicy:
                     response_ids=list(c.token_ids),
                     logprobs=c.logprobs,
                     weight_version=c.weight_version,
+                    allowed_ids=getattr(c, "allowed_ids", None),
                 )
             )
         return steps

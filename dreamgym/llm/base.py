@@ -47,7 +47,8 @@ class SamplingParams:
     # guided choice (vLLM's ``guided_choice``): the completion is one of these strings, token by token the
     # argmax (greedy) or a sample of the distribution renormalised over the tokens that continue one of them
     # (``logprobs`` are of that distribution). They must be prefix-free (e.g. each ends with a closing tag): a
-    # complete one ends the row with ``finish_reason == "stop"``. ``max_new_tokens`` still applies.
+    # complete one ends the row with ``finish_reason == "stop"``. The ``hf`` backend runs a row to the end of its
+    # choice even past ``max_new_tokens`` (a cut choice is no admissible action); a server may cut it.
     choices: tuple[str, ...] | list[str] | None = None
 
     def __post_init__(self) -> None:
@@ -74,6 +75,10 @@ class Completion:
     prompt_ids: list[int] | None = None  # None when a server did not return them
     finish_reason: FinishReason = "length"
     weight_version: int | None = None  # the served weights that generated it (dreamgym serve's load_weights)
+    # guided choice (``hf`` backend): per generated token, the token ids it was chosen among (the masked
+    # distribution ``logprobs`` are of; an empty list: the whole vocabulary). RL's loss scores each token under
+    # the same mask (``dreamgym.rl.losses.masked_vocab_logprobs``). None without choices or from a server.
+    allowed_ids: list[list[int]] | None = None
 
 
 @runtime_checkable

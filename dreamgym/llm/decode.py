@@ -16,7 +16,7 @@ Finished rows are dropped from the cache once they are a quarter of the batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -41,6 +41,7 @@ class Row:
     text: str | None = None  # set when a stop string ended the row
     finish: FinishReason | None = None
     choice_ids: list[list[int]] | None = None  # guided choice: the token ids of each allowed completion
+    allowed_ids: list[list[int]] = field(default_factory=list)  # guided choice: each token's allowed set
 
     def allowed(self) -> set[int]:
         """Guided choice: the tokens that continue one of the choices after what the row has generated."""
@@ -58,6 +59,7 @@ class Row:
             logprobs=self.logprobs if self.params.logprobs else None,
             prompt_ids=self.prompt_ids,
             finish_reason=self.finish or "length",
+            allowed_ids=[list(a) for a in self.allowed_ids] if self.choice_ids is not None else None,
         )
 
 
@@ -90,6 +92,9 @@ class DecodeBatch:
         finished when this returns (EOS, a stop string, or ``max_new_tokens == 1``)."""
         rows = [Row(list(ids), p, self._generator(p), choice_ids=self._choice_ids(p))
                 for ids, p in zip(prompt_ids, params, strict=True)]
+        for r in rows:  # a guided row runs to the end of its choice, however long (SamplingParams.choices)
+            if r.choice_ids and (longest := max(len(c) for c in r.choice_ids)) > r.params.max_new_tokens:
+                r.params = replace(r.params, max_new_tokens=longest)
         if not rows:
             return []
         width = max(len(r.prompt_ids) for r in rows)
@@ -151,10 +156,13 @@ class DecodeBatch:
         """Sample a token for every row and append it to the unfinished ones; mark the rows that finish."""
         logits = logits.float()
         for j, row in enumerate(rows):  # guided choice: only tokens that continue a choice
-            if row.choice_ids is not None and row.finish is None and (allowed := row.allowed()):
-                mask = torch.full_like(logits[j], float("-inf"))
-                mask[list(allowed)] = 0.0
-                logits[j] = logits[j] + mask
+            if row.choice_ids is not None and row.finish is None:
+                allowed = sorted(row.allowed())
+                row.allowed_ids.append(allowed)  # empty: no choice continues (never on a prefix-free set)
+                if allowed:
+                    mask = torch.full_like(logits[j], float("-inf"))
+                    mask[allowed] = 0.0
+                    logits[j] = logits[j] + mask
         tokens, logprobs = sample(logits, temperature, top_p, [r.generator for r in rows])
         for row, token, logprob in zip(rows, tokens.tolist(), logprobs.tolist(), strict=True):
             if row.finish is not None:

@@ -29,6 +29,7 @@ class TurnRow:
     advantage: float = 0.0
     ret: float = 0.0  # PPO: the critic's regression target (λ-return)
     old_value: float = 0.0  # PPO: V(s_t) at rollout time
+    allowed_ids: list[list[int]] | None = None  # action masking: per response token, the ids it was sampled among
 
 
 def turn_rows(episodes: Sequence[Episode]) -> list[TurnRow]:
@@ -37,7 +38,7 @@ def turn_rows(episodes: Sequence[Episode]) -> list[TurnRow]:
         for t in e.turns:
             if t.logprobs is None:
                 raise ValueError("training needs sampled rollouts with log-probs (greedy=False)")
-            rows.append(TurnRow(t.prompt_ids, t.response_ids, t.logprobs))
+            rows.append(TurnRow(t.prompt_ids, t.response_ids, t.logprobs, allowed_ids=t.allowed_ids))
     return rows
 
 

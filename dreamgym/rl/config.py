@@ -35,6 +35,10 @@ class RLConfig(BaseModel):
     max_steps: int = Field(default=15, ge=1)
     temperature: float = Field(default=1.0, gt=0, description="sampling temperature (log-probs use it too)")
     invalid_action_penalty: float = Field(default=0.1, ge=0)
+    action_masking: bool = Field(
+        default=False, description="sample each rollout answer among the admissible actions' answers only (the "
+        "policy's sampling='admissible': a token trie), and score its tokens under the same masked softmax in the "
+        "loss (invalid action masking); needs in-process rollouts (rollout_server unset)")
     invalid_penalty_mode: Literal["episode", "step"] = Field(
         default="episode", description="GRPO: 'episode' = the penalties are in the shaped return every turn's "
         "group advantage is computed from (spread over the episode); 'step' = the group advantage of the env return "
@@ -109,6 +113,9 @@ class RLConfig(BaseModel):
         if self.real_latency_s > 0 and self.env_backend == "ray":
             raise ValueError("real_latency_s needs env_backend=local (the sessions are bounded per process; "
                              "every Ray actor would get its own)")
+        if self.action_masking and self.rollout_server is not None:
+            raise ValueError("action_masking needs in-process rollouts (rollout_server unset): a server does not "
+                             "return the token sets it sampled among, so the loss could not score under the same mask")
         if self.rollout_server is not None and self.rollout_server.sync == "vllm_lora":
             raise ValueError("rollout_server.sync=vllm_lora loads LoRA adapters, and the RL trainer updates every "
                              "weight; use sync=dreamgym (dreamgym serve) or sync=sglang")

@@ -28,11 +28,13 @@ from dreamgym.rl.distributed import Dist, owned
 from dreamgym.rl.losses import (
     AggMode,
     agg_loss,
+    allowed_vocab,
     dropout_off,
     entropy_from_logits,
     kl_penalty,
     masked_mean,
     policy_loss,
+    restrict_logprobs,
     sequence_logprobs,
     value_loss,
 )
@@ -165,21 +167,30 @@ class Learner:
         cfg = self.cfg
         ids, attn, mask = batch["input_ids"], batch["attention_mask"], batch["mask"]
         logp = sequence_logprobs(keeper, ids, attn, temperature=cfg.temperature)
+        assert keeper.logits is not None
+        vocab = None  # action masking: the tokens each response token was sampled among
+        if any(r.allowed_ids is not None for r in micro):
+            vocab = allowed_vocab(mask, [r.allowed_ids for r in micro], keeper.logits.shape[-1])
+            logp = restrict_logprobs(logp, keeper.logits, mask, vocab, cfg.temperature)
         advantages = torch.tensor([r.advantage for r in micro], device=logp.device)
         loss, stats = policy_loss(logp, batch["old_logp"], advantages, mask, cfg.clip_eps, cfg.clip_eps_high,
                                   cfg.loss_agg, self.max_new_tokens, cfg.clip_ratio_c)
         stats["pg_loss"] = loss.item()
         # entropy of the distributions that produced the response tokens (logits at t-1 predict t)
-        assert keeper.logits is not None
         predicting = mask[:, 1:] > 0
         with torch.set_grad_enabled(cfg.entropy_coef > 0):
-            entropy = entropy_from_logits(keeper.logits[:, :-1][predicting] / cfg.temperature).mean()
+            logits = keeper.logits[:, :-1][predicting] / cfg.temperature
+            entropy = entropy_from_logits(logits if vocab is None else logits.masked_fill(~vocab, float("-inf"))).mean()
         stats["entropy"] = entropy.item()
         if cfg.entropy_coef > 0:
             loss = loss - cfg.entropy_coef * entropy
         if self.ref_model is not None:
             with torch.no_grad():
-                ref_logp = sequence_logprobs(self.ref_model, ids, attn, temperature=cfg.temperature)
+                ref = _KeepLogits(self.ref_model)
+                ref_logp = sequence_logprobs(ref, ids, attn, temperature=cfg.temperature)
+                if vocab is not None:
+                    assert ref.logits is not None
+                    ref_logp = restrict_logprobs(ref_logp, ref.logits, mask, vocab, cfg.temperature)
             kl = agg_loss(kl_penalty(logp, ref_logp, cfg.kl_estimator), mask, cfg.loss_agg, self.max_new_tokens)
             loss = loss + cfg.kl_coef * kl
             stats["kl"] = kl.item()

@@ -11,7 +11,7 @@ PPO  = ``policy_loss`` + c_v · ``value_loss`` (− c_e · entropy), with advant
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal, get_args
 
 import torch
@@ -137,6 +137,39 @@ def sequence_logprobs(
     labels = input_ids[:, 1:].masked_fill(~scored, -100)
     logp = token_logprobs(logits[:, :-1], labels)
     return F.pad(logp, (1, 0), value=0.0)
+
+
+def allowed_vocab(mask: Tensor, allowed: Sequence[Sequence[Sequence[int]] | None], vocab_size: int) -> Tensor:
+    """Invalid action masking: a [N, V] bool of the tokens each response token was sampled among, over the N
+    positions that predict a response token (``mask[:, 1:] > 0``, row-major: the order of
+    ``logits[:, :-1][mask[:, 1:] > 0]``). ``allowed[b]`` holds row ``b``'s sets, one per response token; a row's
+    None, or an empty set, allows the whole vocabulary."""
+    predicting = mask[:, 1:] > 0
+    out = torch.ones((int(predicting.sum()), vocab_size), dtype=torch.bool, device=mask.device)
+    k = 0
+    for b, sets in enumerate(allowed):
+        count = int(predicting[b].sum())
+        if sets is not None:
+            if len(sets) != count:
+                raise ValueError(f"row {b}: {len(sets)} allowed-token sets for {count} response tokens")
+            for j, ids in enumerate(sets):
+                if ids:
+                    out[k + j] = False
+                    out[k + j, list(ids)] = True
+        k += count
+    return out
+
+
+def restrict_logprobs(logp: Tensor, logits: Tensor, mask: Tensor, vocab: Tensor, temperature: float = 1.0) -> Tensor:
+    """``logp`` ([B, L], from :func:`sequence_logprobs`) with each response token's log-prob taken under the
+    softmax renormalised over its allowed tokens (``vocab``, from :func:`allowed_vocab`): the distribution a
+    guided sampler drew it from. ``logits`` are the same forward's [B, L, V]. A disallowed token gets no
+    probability and so no gradient (Huang & Ontañón, 2022, "A Closer Look at Invalid Action Masking")."""
+    predicting = mask[:, 1:] > 0
+    z = logits[:, :-1][predicting].float() / temperature
+    correction = torch.logsumexp(z, -1) - torch.logsumexp(z.masked_fill(~vocab, float("-inf")), -1)
+    shift = torch.zeros_like(logp[:, 1:]).masked_scatter(predicting, correction.to(logp.dtype))
+    return logp + F.pad(shift, (1, 0), value=0.0)
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
@@ -307,6 +340,7 @@ __all__ = [
     "AggMode",
     "KLKind",
     "agg_loss",
+    "allowed_vocab",
     "check_kl_loss",
     "dropout_off",
     "entropy_from_logits",
@@ -316,6 +350,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "policy_loss",
+    "restrict_logprobs",
     "sequence_logprobs",
     "token_logprobs",
     "value_loss",

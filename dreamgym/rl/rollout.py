@@ -63,6 +63,7 @@ class Turn:
     truncated: bool  # by the env or by the rollout's max_steps
     info: dict[str, Any]  # the env's info essentials after the step (its admissible actions dropped)
     weight_version: int | None = None  # the served weights that generated the response (rollout servers)
+    allowed_ids: list[list[int]] | None = None  # action masking: per response token, the ids it was sampled among
 
     @property
     def done(self) -> bool:
@@ -227,6 +228,7 @@ def collect_rollouts(
                     truncated=truncated,
                     info={k: v for k, v in result.info.items() if k != "admissible_actions"},
                     weight_version=step.weight_version,
+                    allowed_ids=step.allowed_ids,
                 )
             )
             if result.terminated or truncated:

@@ -93,7 +93,8 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)  # every trainer draw: task sampling, rollout seeds, minibatch order
     policy = load_policy(start, device=str(dist.device), dtype=cfg.dtype)
-    policy.cfg = on_policy_config(policy.cfg, cfg.temperature, cfg.invalid_action_penalty, cfg.top_p)
+    policy.cfg = on_policy_config(policy.cfg, cfg.temperature, cfg.invalid_action_penalty, cfg.top_p,
+                                  cfg.action_masking)
     learner = Learner(policy, cfg, resumed=ckpt is not None, dist=dist)
     state = load_checkpoint(ckpt, learner, rng) if ckpt else TrainState()
     journal, lost = RealStepJournal.open(run, state.iteration, dist)  # real steps a killed attempt took
