@@ -11,6 +11,9 @@ val tasks: the same tasks for every value of a seed, so the values pair task by 
         --against-start --work runs/rl_val_onpath --out benchmarks/results/rl_val_onpath_lr.json
     .venv/bin/python benchmarks/rl_val.py --init runs/onpath/p-s0 --field temperature --values 0.5 --seeds 0 1 2 \
         --against-start --work runs/rl_val_onpath --out benchmarks/results/rl_val_onpath_temperature.json
+    # with invalid action masking (rollouts sample among the admissible actions' answers only)
+    .venv/bin/python benchmarks/rl_val.py --init runs/onpath/p-s0 --field action_masking --values true --seeds 0 1 2 \
+        --against-start --work runs/rl_val_onpath --out benchmarks/results/rl_val_onpath_masking.json
     # where GRPO's invalid-action penalty goes (item 8): episode (in the return, shared by the episode's turns)
     # or step (on the invalid turn's own advantage, as verl-agent does)
     .venv/bin/python benchmarks/rl_val.py --init runs/bench/seed0/sft --field invalid_penalty_mode \
@@ -42,12 +45,13 @@ from dreamgym.stats import bootstrap_ci, paired_bootstrap_ci, sign_test
 
 def run(args: argparse.Namespace, value: Any, seed: int, start: bool = False) -> list[dict[str, Any]]:
     """The per-task outcomes of the run's final evaluation, or with ``start`` of its initial policy's."""
-    out = args.work / f"{args.field}={value}-s{seed}"
+    fixed = "".join(f"+{k}={v}" for k, v in args.fixed.items())
+    out = args.work / f"{args.field}={value}{fixed}-s{seed}"
     if not (out / "summary.json").exists():
         cfg = RLConfig.model_validate({**DemoConfig().rl, "env": "shop", "env_kwargs": {"val_fraction": 0.1},
                                        "init": str(args.init), "seed": seed, "iterations": args.iterations,
                                        "eval_split": "val", "eval_episodes": args.eval_episodes, "eval_every": 0,
-                                       args.field: value})
+                                       **args.fixed, args.field: value})
         train(cfg, out, resume=(out / "checkpoint").exists())
     return list(json.loads((out / (EVAL_TASKS_START if start else EVAL_TASKS)).read_text())["per_task"])
 
@@ -64,9 +68,17 @@ def main() -> None:
     ap.add_argument("--eval-episodes", type=int, default=200)
     ap.add_argument("--work", type=Path, default=Path("runs/rl_val"))
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="FIELD=VALUE",
+                    help="an RLConfig field (YAML value) fixed for every run, e.g. action_masking=true; repeatable")
     args = ap.parse_args()
     if args.field not in RLConfig.model_fields:
         raise SystemExit(f"error: unknown RLConfig field {args.field!r}")
+    args.fixed = {}
+    for item in args.sets:
+        key, eq, text = item.partition("=")
+        if not eq or key not in RLConfig.model_fields or key == args.field:
+            raise SystemExit(f"error: --set expects FIELD=VALUE with an RLConfig field other than --field, got {item!r}")
+        args.fixed[key] = yaml.safe_load(text)
     values = [yaml.safe_load(v) for v in args.values]
     per = {str(v): [run(args, v, s) for s in args.seeds] for v in values}
     ref = str(values[0])
@@ -83,7 +95,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "command": shlex.join(["python", *sys.argv]), "init": str(args.init), "field": args.field,
         "seeds": args.seeds, "iterations": args.iterations, "split": "val", "eval_episodes": args.eval_episodes,
-        "env_kwargs": {"val_fraction": 0.1}, "rl": DemoConfig().rl, "reference": ref, "values": {},
+        "env_kwargs": {"val_fraction": 0.1}, "rl": {**DemoConfig().rl, **args.fixed}, "reference": ref, "values": {},
     }
     for v in per:
         entry: dict[str, Any] = {"success_rate": bootstrap_ci(col(v, "success")),

@@ -103,7 +103,8 @@ def test_grpo_with_action_masking_samples_only_admissible_actions(sft_run: Path,
     assert not any(x.info["invalid_action"] for t in rollouts for x in t.transitions)
     m = metrics(tmp_path / "run")[0]
     assert m["logp_behaviour_gap"] < 1e-4
-    assert PolicyConfig.model_validate_json((tmp_path / "run" / "policy.json").read_text()).sampling == "admissible"
+    saved = PolicyConfig.model_validate_json((tmp_path / "run" / "policy.json").read_text())
+    assert (saved.sampling, saved.decoding) == ("admissible", "admissible")  # it acts under the mask it learnt under
     with pytest.raises(ValueError, match="action_masking needs in-process rollouts"):
         RLConfig.model_validate({"action_masking": True, "rollout_server": {"base_url": "http://x", "model": "m"}})
 

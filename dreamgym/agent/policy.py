@@ -243,8 +243,9 @@ def on_policy_config(
     cfg: PolicyConfig, temperature: float, invalid_action_penalty: float, top_p: float = 1.0,
     action_masking: bool = False,
 ) -> PolicyConfig:
-    """``cfg`` with an on-policy RL run's sampling: its temperature and penalty, ``sampling="admissible"`` with
-    ``action_masking`` (else free: a loaded policy's saved value does not carry over), and ``top_p`` (1.0: RL config
+    """``cfg`` with an on-policy RL run's sampling: its temperature and penalty, ``sampling`` and ``decoding``
+    ``"admissible"`` with ``action_masking`` (a policy trained under the mask acts under it, its evaluations too;
+    without it the saved ``sampling`` is reset to free), and ``top_p`` (1.0: RL config
     validation refuses anything else). A policy cloned with ``top_p < 1`` samples from a truncated
     distribution, while the loss scores the tokens under the full softmax, so keeping the saved value would
     bias every policy gradient; overriding it is logged."""
@@ -253,8 +254,10 @@ def on_policy_config(
                     "loss scores tokens under the untruncated distribution)", cfg.top_p, top_p)
     if action_masking and cfg.thinking:
         raise ValueError("action masking guides the answer tokens, and this policy thinks first; use thinking=false")
+    masked: dict[str, Any] = {"sampling": "admissible", "decoding": "admissible"} if action_masking else {
+        "sampling": "free"}
     return cfg.model_copy(update={"temperature": temperature, "invalid_action_penalty": invalid_action_penalty,
-                                  "top_p": top_p, "sampling": "admissible" if action_masking else "free"})
+                                  "top_p": top_p, **masked})
 
 
 class LLMPolicy:

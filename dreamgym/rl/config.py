@@ -38,7 +38,8 @@ class RLConfig(BaseModel):
     action_masking: bool = Field(
         default=False, description="sample each rollout answer among the admissible actions' answers only (the "
         "policy's sampling='admissible': a token trie), and score its tokens under the same masked softmax in the "
-        "loss (invalid action masking); needs in-process rollouts (rollout_server unset)")
+        "loss (invalid action masking); the policy's greedy decoding, in evaluations too, is then guided to them as "
+        "well (decoding='admissible'); needs in-process rollouts (rollout_server unset)")
     invalid_penalty_mode: Literal["episode", "step"] = Field(
         default="episode", description="GRPO: 'episode' = the penalties are in the shaped return every turn's "
         "group advantage is computed from (spread over the episode); 'step' = the group advantage of the env return "
