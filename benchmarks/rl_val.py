@@ -12,8 +12,12 @@ val tasks: the same tasks for every value of a seed, so the values pair task by 
     .venv/bin/python benchmarks/rl_val.py --init runs/onpath/p-s0 --field temperature --values 0.5 --seeds 0 1 2 \
         --against-start --work runs/rl_val_onpath --out benchmarks/results/rl_val_onpath_temperature.json
     # with invalid action masking (rollouts sample among the admissible actions' answers only)
-    .venv/bin/python benchmarks/rl_val.py --init runs/onpath/p-s0 --field action_masking --values true --seeds 0 1 2 \
-        --against-start --work runs/rl_val_onpath --out benchmarks/results/rl_val_onpath_masking.json
+    .venv/bin/python benchmarks/rl_val.py --init runs/onpath/p-s0 --field lr --values 1e-4 1e-3 \
+        --set action_masking=true --seeds 0 1 2 --against-start --work runs/rl_val_onpath \
+        --out benchmarks/results/rl_val_onpath_masking.json
+    .venv/bin/python benchmarks/rl_val.py --init runs/onpath/p-s0 --field lr --values 3e-4 --set action_masking=true \
+        --set tasks_per_iter=32 --set group_size=4 --iterations 10 --seeds 0 1 2 --against-start \
+        --work runs/rl_val_onpath --out benchmarks/results/rl_val_onpath_masking_wide.json
     # where GRPO's invalid-action penalty goes (item 8): episode (in the return, shared by the episode's turns)
     # or step (on the invalid turn's own advantage, as verl-agent does)
     .venv/bin/python benchmarks/rl_val.py --init runs/bench/seed0/sft --field invalid_penalty_mode \

@@ -348,7 +348,7 @@ class LLMPolicy:
                     response_ids=list(c.token_ids),
                     logprobs=c.logprobs,
                     weight_version=c.weight_version,
-                    allowed_ids=getattr(c, "allowed_ids", None),
+                    allowed_ids=c.allowed_ids,
                 )
             )
         return steps

@@ -77,7 +77,7 @@ class Completion:
     weight_version: int | None = None  # the served weights that generated it (dreamgym serve's load_weights)
     # guided choice (``hf`` backend): per generated token, the token ids it was chosen among (the masked
     # distribution ``logprobs`` are of; an empty list: the whole vocabulary). RL's loss scores each token under
-    # the same mask (``dreamgym.rl.losses.masked_vocab_logprobs``). None without choices or from a server.
+    # the same mask (``dreamgym.rl.losses.restrict_logprobs``). None without choices or from a server.
     allowed_ids: list[list[int]] | None = None
 
 
