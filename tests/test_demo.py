@@ -89,3 +89,24 @@ def test_demo_config_layers_profile_file_and_overrides(tmp_path: Path) -> None:
     path.write_text("env: [textworld\n")
     with pytest.raises(ValueError, match=r"tw.yaml:2: invalid YAML"):
         demo_config("default", None, path)
+
+
+def test_textworld_bench_configs_load_and_weigh_terminal_steps() -> None:
+    """configs/textworld-bench.yaml (the bench's) and configs/exp-textworld-bench.yaml (its M_exp alone) validate, and
+    their mixture keys are kinds TextWorld steps really get: a key no step has would silently weigh nothing."""
+    from dreamgym.experience.train import ExpTrainConfig, mix, step_kinds
+    from dreamgym.types import Task, Trajectory, Transition, read_yaml_mapping
+
+    root = Path(__file__).resolve().parent.parent / "configs"
+    cfg = demo_config("default", {"env": "textworld"}, root / "textworld-bench.yaml")
+    assert (cfg.env, cfg.exp_model, cfg.policy_model, cfg.env_kwargs["settings"]) == (
+        "textworld", "pretrained", "pretrained", {"go": 1, "recipe": 2, "take": 2})
+    exp = ExpTrainConfig.model_validate(read_yaml_mapping(root / "exp-textworld-bench.yaml", "train-exp config"))
+    assert exp.mixture == cfg.exp_mixture and exp.protocol == cfg.exp_protocol
+    state = "location: Kitchen\n[c1] command: eat meal"
+    steps = [Transition(state=state, action="look", next_state=state, reward=0.0, done=False),
+             Transition(state=state, action="eat meal", next_state=state, reward=1.0, done=True)]
+    traj = Trajectory(task=Task(task_id="t", instruction="cook", env="textworld"), transitions=steps, success=True)
+    kinds = step_kinds([traj])
+    assert kinds == ["state", "state:success"]
+    assert mix(["look", "eat"], kinds, dict(exp.mixture or {})) == ["look", "eat", "eat", "eat"]  # type: ignore[arg-type]
