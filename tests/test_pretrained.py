@@ -218,10 +218,11 @@ def test_pretrain_command_writes_a_checked_base(tmp_path: Path) -> None:
     out = tmp_path / "base"
     r = run("model", "pretrain", "--out", str(out), "--preset", "micro", "--tokens", "20000", "--vocab-size", "400",
             "--batch-size", "8", "--threads", "1", "--corpus-version", "4", "--group-by-length",
-            "--induction-steps", "3")
+            "--induction-steps", "3", "--copy-steps", "2")
     assert r.returncode == 0, r.stderr[-2000:]
     manifest = read_manifest(out)  # every listed file checks against its sha256
     assert manifest["induction_warmup"]["steps"] == 3 and manifest["sft"]["group_by_length"]
+    assert manifest["copy_warmup"]["steps"] == 2 and manifest["copy_warmup"]["corpus_version"] == "4"
     assert manifest["corpus_version"] == "4"
     assert manifest["tokens_seen"] >= 20000 and manifest["corpus_version"] and not manifest["time_cap_fired"]
     assert "--preset micro" in manifest["command"]
@@ -259,6 +260,38 @@ def test_induction_warmup_trains_only_on_the_second_showing_and_is_seeded() -> N
         model = build_model(tiny_shape("micro"), tokenizer, seed=0)  # type: ignore[arg-type]
         report = induction_warmup(model, tokenizer, steps=4, seed=seed, batch_size=4)
         assert report["steps"] == 4 and 0.0 <= report["repeat_accuracy"] <= 1.0
+        runs.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+
+
+def test_copy_warmup_learns_only_from_echo_targets_and_is_seeded() -> None:
+    """The copy warm-up's batches score the echo target (the page, unchanged) and EOS only, never the prompt or the
+    padding; the same seed gives the same weights, another seed other weights, and the report carries its steps,
+    loss and held-out echo accuracy."""
+    import random
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from dreamgym.llm.tiny import build_model, tiny_shape
+    from dreamgym.pretrain.corpus import example_of
+    from dreamgym.pretrain.train import copy_warmup, echo_batch
+
+    tokenizer = AutoTokenizer.from_pretrained(ASSET_DIR)
+    rng = random.Random(5)
+    examples = [example_of("echo", rng, compact=True) for _ in range(3)]
+    ids, labels, mask = echo_batch(tokenizer, examples, max_length=4096)
+    for i, ex in enumerate(examples):
+        scored = labels[i][labels[i] != -100].tolist()
+        assert scored[-1] == tokenizer.eos_token_id
+        assert tokenizer.decode(scored[:-1]) == ex.target  # exactly the target is scored
+        n = int(mask[i].sum())
+        assert ids[i][n - len(scored):n].tolist() == scored and (labels[i][n:] == -100).all()
+    runs = []
+    for seed in (0, 0, 1):
+        model = build_model(tiny_shape("micro"), tokenizer, seed=0)  # type: ignore[arg-type]
+        report = copy_warmup(model, tokenizer, steps=3, seed=seed, batch_size=2, max_length=256)
+        assert report["steps"] == 3 and 0.0 <= report["echo_accuracy"] <= 1.0 and report["final_loss"] > 0
         runs.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
 
