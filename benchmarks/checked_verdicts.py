@@ -123,10 +123,11 @@ def interval(values: list[float]) -> str:
 
 def purchase_steps(paths: Sequence[Path]) -> list[tuple[Any, int]]:
     """(trajectory, step) of every annotated purchase (a trace that starts with ``buy``) in ``paths``."""
+    from dreamgym.envs.shop.recheck import split_goal
     from dreamgym.types import read_trajectories
 
     return [(t, i) for p in paths for t in read_trajectories(p) for i, x in enumerate(t.transitions)
-            if str(x.info.get("reasoning") or "").startswith("buy")]
+            if split_goal(str(x.info.get("reasoning") or ""))[1].startswith("buy")]
 
 
 def oracle_operands(paths: Sequence[Path]) -> dict[str, Any]:
@@ -156,11 +157,12 @@ def oracle_operands(paths: Sequence[Path]) -> dict[str, Any]:
 
 def operands(model: Any, paths: Sequence[Path]) -> dict[str, Any]:
     """Of the held-out purchases, how many traces write each check kind's operands as the annotation does."""
+    from dreamgym.envs.shop.recheck import split_goal
     from dreamgym.experience.protocol import ExperienceQuery
 
     def by_kind(trace: str | None) -> dict[str, list[str]]:
         kinds = defaultdict(list)
-        for clause in (trace or "").split("; ")[1:-1]:
+        for clause in split_goal(trace or "")[1].split("; ")[1:-1]:
             kind, _, body = clause.partition(" ")
             body = body.rsplit(" ", 2 if kind == "attr" else 1)[0]  # without the verdict (and title/unseen)
             kinds[kind].append(body)

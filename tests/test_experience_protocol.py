@@ -337,6 +337,16 @@ def test_prompt_sections_window_and_k() -> None:
     assert "HISTORY:" not in build_prompt_text(make_query(steps=0), WITH_REASONING)
 
 
+def test_task_last_moves_only_the_task_line_to_the_end() -> None:
+    query = make_query()
+    first = build_prompt_text(query, ProtocolConfig(k=2))
+    last = build_prompt_text(query, ProtocolConfig(k=2, task_last=True))
+    task = "TASK: i need a red shirt under 30 dollars"
+    assert last.endswith("TARGET: [1] link: B000001 — Product 1 | $1.99\n" + task + "\n")
+    assert sorted(last.splitlines()) == sorted(first.splitlines()) and last.count("TASK:") == 1
+    assert last.replace(task + "\n", "") == first.replace(task + "\n", "")
+
+
 def test_prompt_is_deterministic_and_messages_match_text() -> None:
     cfg = ProtocolConfig(k=3)
     query = make_query()
@@ -450,8 +460,9 @@ def test_protocol_teacher_and_index_configs_are_strict_pydantic_models() -> None
              '"chat": true, "max_new_tokens": 200}')
     old = ExperienceConfig.model_validate_json(saved).protocol_config()
     assert (old.history_window, old.k, old.system_prompt, old.ground_action, old.copy_refs,
-            old.exact_neighbours, old.checked_verdicts) == (2, 1, "", False, False, False, False)  # trained before
+            old.exact_neighbours, old.checked_verdicts, old.task_last) == (2, 1, "", False, False, False, False,
+                                                                      False)  # trained before
     assert ExperienceConfig.from_protocol(old).protocol == old.model_dump()
     assert set(old.model_dump()) == {"history_window", "history_states", "k", "neighbour_states", "reasoning",
                                      "max_state_chars", "max_neighbour_chars", "system_prompt", "ground_action",
-                                     "copy_refs", "exact_neighbours", "checked_verdicts"}
+                                     "copy_refs", "exact_neighbours", "checked_verdicts", "task_last"}

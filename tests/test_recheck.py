@@ -85,6 +85,16 @@ def test_each_check_is_recomputed() -> None:
     assert predict(ALL_YES.replace("wireless unseen y", "wireless title y"), selected).reasoning.count("unseen y") == 1  # type: ignore[union-attr]
 
 
+def test_a_leading_goal_is_kept_and_the_purchase_after_it_is_checked() -> None:
+    """A trace may start with the task's goal (benchmarks/goal_line.py); the checker reads past it."""
+    goal = "want headphones; attr foldable; attr wireless; opt color=white; price <=220.00 | "
+    checked = predict(goal + ALL_YES)
+    assert checked is not None and checked.reasoning == goal + predict(ALL_YES).reasoning  # type: ignore[union-attr]
+    assert checked.reward == 0.75
+    assert predict(goal + "open [4] B0QUOZ2C -> item page") is None
+    assert predict("want headphones; " + ALL_YES) is None  # no separator: not a goal, not a purchase
+
+
 @pytest.mark.parametrize("trace", [
     None, "open [4] B0QUOZ2C -> item page", "buy B0QUOZ2C -> done", ALL_YES.replace("; price", "; cost"),
     ALL_YES.replace(" -> done", ""), ALL_YES.replace("186.63", "18.6.63"), "buy X; score 1/1=1.00 -> done",

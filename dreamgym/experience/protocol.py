@@ -183,6 +183,11 @@ class ProtocolConfig(BaseModel):
     # recomputed from the text the trace compares, by the env's EnvSpec.trace_checker (ExperienceModel.predict):
     # the model only has to write what to compare. It changes no prompt or target, only how an output is read.
     checked_verdicts: bool = False
+    # The TASK line last in the user message, right before the output, instead of first: the copy-first base writes
+    # the page's price in 20-30 of 31 val purchase traces and the task's price bound in 0-2, so is it the distance?
+    # No: from the shipped base, 3 seeds on val, nothing moves (terminal reward accuracy -0.011 +- 0.046, the task's
+    # attributes still right in 0 of 31; benchmarks/results/task_reading_val.json). Off.
+    task_last: bool = False
 
     def system_text(self) -> str:
         if self.system_prompt is not None:
@@ -284,15 +289,16 @@ def action_target(state: str, action: str) -> str | None:
 
 def build_user_text(query: ExperienceQuery, cfg: ProtocolConfig) -> str:
     """The user message: TASK, HISTORY, SIMILAR, STATE, ACTION [, TARGET] (deterministic; empty sections left
-    out)."""
-    lines = [f"TASK: {query.instruction.strip()}"]
+    out); with ``task_last`` the TASK line comes after the others."""
+    task = f"TASK: {query.instruction.strip()}"
+    lines = [] if cfg.task_last else [task]
     lines += _history_lines(query, cfg)
     lines += _similar_lines(query, cfg)
     lines += ["STATE:", truncate_lines(query.state, cfg.max_state_chars), f"ACTION: {query.action.strip()}"]
     target = action_target(query.state, query.action) if cfg.ground_action else None
     if target is not None:
         lines.append(f"TARGET: {target}")
-    return "\n".join(lines)
+    return "\n".join([*lines, task] if cfg.task_last else lines)
 
 
 def build_messages(query: ExperienceQuery, cfg: ProtocolConfig) -> list[dict[str, str]]:

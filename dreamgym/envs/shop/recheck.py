@@ -21,8 +21,9 @@ recomputes what follows from it, using only that text and the prompt's STATE (th
   :func:`~dreamgym.envs.shop.reward.purchase_reward` scores; the reward, the success flag and the done page's
   ``Your score`` line follow it.
 
-A trace that is not a purchase, or whose clauses do not read as above, is returned unchanged (the caller counts
-it). Applied to the annotator's own traces it changes nothing (tested on collected data), so a model that
+A trace may start with the task's goal (``want headphones; attr foldable; opt color=white; price <=220.00 | ``,
+``benchmarks/goal_line.py``): that part is kept as written and the purchase after it is checked. A trace that is not
+a purchase, or whose clauses do not read as above, is returned unchanged (the caller counts it). Applied to the annotator's own traces it changes nothing (tested on collected data), so a model that
 already writes the right verdicts loses nothing.
 """
 
@@ -59,13 +60,25 @@ def _in_title(attribute: str, title: str) -> bool:
     return re.search(rf"(?<![a-z0-9]){re.escape(attribute.lower())}(?![a-z0-9])", title) is not None
 
 
+GOAL_SEP = " | "  # ends a trace's leading goal part (``want ...``)
+
+
+def split_goal(trace: str) -> tuple[str, str]:
+    """``(goal part with its separator, the rest)`` of a trace that starts with ``want ``; else ``("", trace)``."""
+    if trace.startswith("want ") and GOAL_SEP in trace:
+        goal, _, rest = trace.partition(GOAL_SEP)
+        return goal + GOAL_SEP, rest
+    return "", trace
+
+
 def recheck_purchase(state: str, action: str, pred: ExperiencePrediction) -> ExperiencePrediction | None:
     """``pred`` with the verdicts, score, reward, success and done page of its purchase trace recomputed (see the
     module docstring); None when ``pred.reasoning`` is not a purchase trace this reads (nothing to check)."""
     del action  # the trace names the purchase; the action's spelling differs by env (shop, browser)
-    if pred.reasoning is None or not pred.reasoning.startswith("buy"):
+    goal, trace = split_goal(pred.reasoning or "")
+    if not trace.startswith("buy"):
         return None
-    head, *clauses = pred.reasoning.split("; ")
+    head, *clauses = trace.split("; ")
     if not clauses or not _SCORE.match(clauses[-1]):
         return None
     selected = {e.text for e in parse_elements(state) if e.type == "option" and e.text.endswith(" (selected)")}
@@ -99,5 +112,5 @@ def recheck_purchase(state: str, action: str, pred: ExperiencePrediction) -> Exp
     factor = "" if type_ok else f"{TYPE_MISMATCH:g}*"
     out.append(f"score {factor}{met}/{checks}={written} -> done")
     next_state = _YOUR_SCORE.sub(lambda s: s[1] + written, pred.next_state)
-    return replace(pred, reasoning="; ".join(out), next_state=next_state, reward=score,
+    return replace(pred, reasoning=goal + "; ".join(out), next_state=next_state, reward=score,
                    success=abs(score - 1.0) < SUCCESS_EPS, done=True)
