@@ -122,7 +122,8 @@ def interval(values: list[float]) -> str:
 
 
 def purchase_steps(paths: Sequence[Path]) -> list[tuple[Any, int]]:
-    """(trajectory, step) of every annotated purchase (a trace that starts with ``buy``) in ``paths``."""
+    """(trajectory, step) of every annotated purchase (a trace that starts with ``buy``, after any goal head) in
+    ``paths``."""
     from dreamgym.envs.shop.recheck import split_goal
     from dreamgym.types import read_trajectories
 

@@ -280,7 +280,8 @@ def test_copy_warmup_learns_only_from_echo_targets_and_is_seeded() -> None:
     tokenizer = AutoTokenizer.from_pretrained(ASSET_DIR)
     rng = random.Random(5)
     examples = [example_of("echo", rng, compact=True) for _ in range(3)]
-    ids, labels, mask = echo_batch(tokenizer, examples, max_length=4096)
+    batch = echo_batch(tokenizer, examples, max_length=4096)
+    ids, labels, mask = batch["input_ids"], batch["labels"], batch["attention_mask"]
     for i, ex in enumerate(examples):
         scored = labels[i][labels[i] != -100].tolist()
         assert scored[-1] == tokenizer.eos_token_id

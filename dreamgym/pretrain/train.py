@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dreamgym.llm.pretrained import MANIFEST, sha256
-from dreamgym.sft import SFTConfig, SFTExample, encode_prompt, train_sft
+from dreamgym.sft import MaskedCollator, SFTConfig, SFTExample, encode_prompt, tokenize_example, train_sft
 
 log = logging.getLogger(__name__)
 
@@ -98,25 +98,19 @@ def induction_warmup(model: Any, tokenizer: Any, steps: int, seed: int, batch_si
     ordinary = torch.tensor([i for i in range(len(tokenizer)) if i not in specials][:INDUCTION_VOCAB])
     gen = torch.Generator().manual_seed(seed)
 
-    def rows(n: int, g: torch.Generator) -> tuple[Any, Any]:
+    def rows(n: int, g: torch.Generator) -> dict[str, Any]:
         size = int(torch.randint(length[0], length[1] + 1, (1,), generator=g))
         x = ordinary[torch.randint(len(ordinary), (n, size), generator=g)]
         bos = torch.full((n, 1), tokenizer.bos_token_id)
         ids = torch.cat([bos, x, x], dim=1)
         labels = ids.clone()
         labels[:, : size + 1] = -100
-        return ids, labels
+        return {"input_ids": ids, "labels": labels}
 
     held_out = rows(64, torch.Generator().manual_seed(seed + 1))
     loss = _warmup(model, lambda: rows(batch_size, gen), steps, learning_rate, "induction warm-up")
-    model.eval()
-    with torch.no_grad():
-        ids, labels = held_out
-        pred = model(input_ids=ids).logits[:, :-1].argmax(-1)
-        mask = labels[:, 1:] != -100
-        accuracy = float(((pred == labels[:, 1:]) & mask).sum() / mask.sum())
     return {"steps": steps, "batch_size": batch_size, "learning_rate": learning_rate, "length": list(length),
-            "final_loss": round(loss, 4), "repeat_accuracy": round(accuracy, 4)}
+            "final_loss": round(loss, 4), "repeat_accuracy": round(_target_accuracy(model, held_out), 4)}
 
 
 COPY_SEED_OFFSET = 3_000_017  # the copy warm-up's echo stream: neither a training nor the probe's seed
@@ -137,50 +131,45 @@ def copy_warmup(model: Any, tokenizer: Any, steps: int, seed: int, version: str 
     probe's ``echo`` is the same measure on the probe's set)."""
     import random
 
-    import torch
-
     from dreamgym.pretrain.corpus import RECIPES, example_of
 
     compact = RECIPES[version].compact
 
-    def batch(rng: random.Random, n: int) -> tuple[Any, Any, Any]:
+    def batch(rng: random.Random, n: int) -> dict[str, Any]:
         return echo_batch(tokenizer, [example_of("echo", rng, compact=compact) for _ in range(n)], max_length)
 
     rng = random.Random(seed + COPY_SEED_OFFSET)
     held_out = batch(random.Random(seed + COPY_SEED_OFFSET + 1), 32)
     loss = _warmup(model, lambda: batch(rng, batch_size), steps, learning_rate, "copy warm-up")
-    model.eval()
-    with torch.no_grad():
-        ids, labels, mask = held_out
-        pred = model(input_ids=ids, attention_mask=mask).logits[:, :-1].argmax(-1)
-        scored = labels[:, 1:] != -100
-        accuracy = float(((pred == labels[:, 1:]) & scored).sum() / scored.sum())
     return {"steps": steps, "batch_size": batch_size, "learning_rate": learning_rate, "corpus_version": version,
-            "final_loss": round(loss, 4), "echo_accuracy": round(accuracy, 4)}
+            "final_loss": round(loss, 4), "echo_accuracy": round(_target_accuracy(model, held_out), 4)}
 
 
-def echo_batch(tokenizer: Any, examples: Any, max_length: int) -> tuple[Any, Any, Any]:
-    """Padded ``(input_ids, labels, attention_mask)`` of corpus examples: prompt then target and EOS, cut from the
-    left to ``max_length``; labels on the target and EOS only (-100 on the prompt and the padding)."""
+def echo_batch(tokenizer: Any, examples: Any, max_length: int) -> dict[str, Any]:
+    """A padded SFT batch of corpus examples, as the corpus stage trains them (prompt, then target and EOS; labels
+    on the target only); an example whose target alone exceeds ``max_length`` is left out (none of recipe 4's
+    echo examples comes near 768 tokens)."""
+    rows = [row for ex in examples if (row := tokenize_example(tokenizer, ex, max_length)) is not None]
+    if not rows:
+        raise ValueError(f"copy warm-up: no echo example fits max_length={max_length}")
+    return MaskedCollator(tokenizer.pad_token_id)(rows)
+
+
+def _target_accuracy(model: Any, batch: dict[str, Any]) -> float:
+    """Teacher-forced next-token accuracy of ``model`` on ``batch``'s labelled positions."""
     import torch
 
-    rows = []
-    for ex in examples:
-        prompt = encode_prompt(tokenizer, ex.prompt)
-        target = [*tokenizer(ex.target, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
-        rows.append(((prompt + target)[-max_length:], ([-100] * len(prompt) + target)[-max_length:]))
-    width = max(len(ids) for ids, _ in rows)
-    ids_t = torch.full((len(rows), width), tokenizer.pad_token_id)
-    labels_t = torch.full((len(rows), width), -100)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (ids, labels) in enumerate(rows):
-        ids_t[i, : len(ids)], labels_t[i, : len(ids)], mask[i, : len(ids)] = torch.tensor(ids), torch.tensor(labels), 1
-    return ids_t, labels_t, mask
+    model.eval()
+    with torch.no_grad():
+        pred = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[:, :-1].argmax(-1)
+    labels = batch["labels"][:, 1:]
+    scored = labels != -100
+    return float(((pred == labels) & scored).sum() / scored.sum())
 
 
 def _warmup(model: Any, next_batch: Any, steps: int, learning_rate: float, name: str) -> float:
-    """The warm-ups' loop: AdamW, 50 linear warm-up steps then a constant rate, clipped gradients, a progress bar;
-    returns the last loss."""
+    """The warm-ups' loop over ``next_batch()`` (model inputs with labels): AdamW, 50 linear warm-up steps then a
+    constant rate, clipped gradients, a progress bar; returns the last loss."""
     import torch
     from tqdm.auto import tqdm
 
@@ -190,13 +179,29 @@ def _warmup(model: Any, next_batch: Any, steps: int, learning_rate: float, name:
     for step in tqdm(range(1, steps + 1), desc=name, unit="step", mininterval=10):
         for group in opt.param_groups:
             group["lr"] = learning_rate * min(1.0, step / 50)
-        ids, labels, *mask = next_batch()
-        loss = model(input_ids=ids, labels=labels, attention_mask=mask[0] if mask else None).loss
+        loss = model(**next_batch()).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad()
     return float(loss.detach())
+
+
+def _warmup_record(path: Path, run_now: bool, num_threads: int | None, run: Any) -> dict[str, Any] | None:
+    """Run a warm-up (``run()``, its report) and record it at ``path`` with its seconds; without ``run_now`` (no
+    warm-up asked, or a resume, whose weights come from its checkpoint) the record a first run left, if any."""
+    if not run_now:
+        return json.loads(path.read_text()) if path.is_file() else None
+    if num_threads:
+        import torch
+
+        torch.set_num_threads(num_threads)
+    t0 = time.monotonic()
+    record = run()
+    record["seconds"] = round(time.monotonic() - t0, 1)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    log.info("%s: %s", path.stem, record)
+    return record
 
 
 PROBE_SEED = 2_000_003  # held-out corpus stream for the copy probe (never a training seed's)
@@ -346,34 +351,11 @@ def pretrain_base(
         model = AutoModelForCausalLM.from_pretrained(init_dir)
     else:
         model = build_model(preset, tokenizer, seed=seed)  # type: ignore[arg-type]  # a fast tokenizer either way
-        warmup_file = out / "induction_warmup.json"
-        if induction_steps > 0 and not resuming:  # a resume's weights come from its checkpoint
-            t1 = time.monotonic()
-            if num_threads:
-                import torch
-
-                torch.set_num_threads(num_threads)
-            warmup = {**induction_warmup(model, tokenizer, induction_steps, seed), "seconds": 0.0}
-            warmup["seconds"] = round(time.monotonic() - t1, 1)
-            warmup_file.write_text(json.dumps(warmup, indent=2) + "\n")
-            log.info("induction warm-up: %s", warmup)
-        elif warmup_file.is_file():
-            warmup = json.loads(warmup_file.read_text())
-    copy: dict[str, Any] | None = None
-    copy_file = out / "copy_warmup.json"
-    if copy_steps > 0 and not resuming:
-        t1 = time.monotonic()
-        if num_threads:
-            import torch
-
-            torch.set_num_threads(num_threads)
-        copy = {**copy_warmup(model, tokenizer, copy_steps, seed, corpus_version, batch_size,
-                              max_length=max_length), "seconds": 0.0}
-        copy["seconds"] = round(time.monotonic() - t1, 1)
-        copy_file.write_text(json.dumps(copy, indent=2) + "\n")
-        log.info("copy warm-up: %s", copy)
-    elif copy_file.is_file():
-        copy = json.loads(copy_file.read_text())
+        warmup = _warmup_record(out / "induction_warmup.json", induction_steps > 0 and not resuming, num_threads,
+                                lambda: induction_warmup(model, tokenizer, induction_steps, seed))
+    copy = _warmup_record(out / "copy_warmup.json", copy_steps > 0 and not resuming, num_threads,
+                          lambda: copy_warmup(model, tokenizer, copy_steps, seed, corpus_version, batch_size,
+                                              max_length=max_length))
     steps = math.ceil(len(corpus) / batch_size)
     cfg = SFTConfig(epochs=1.0, max_steps=steps, learning_rate=learning_rate, batch_size=batch_size,
                     max_length=max_length, warmup_ratio=min(1.0, warmup_steps / steps), logging_steps=50,

@@ -23,8 +23,9 @@ recomputes what follows from it, using only that text and the prompt's STATE (th
 
 A trace may start with the task's goal (``want headphones; attr foldable; opt color=white; price <=220.00 | ``,
 ``benchmarks/goal_line.py``): that part is kept as written and the purchase after it is checked. A trace that is not
-a purchase, or whose clauses do not read as above, is returned unchanged (the caller counts it). Applied to the annotator's own traces it changes nothing (tested on collected data), so a model that
-already writes the right verdicts loses nothing.
+a purchase, or whose clauses do not read as above, is returned unchanged (the caller counts it). Applied to the
+annotator's own traces it changes nothing (tested on collected data), so a model that already writes the right
+verdicts loses nothing.
 """
 
 from __future__ import annotations
