@@ -19,7 +19,8 @@ model learns first. ``--prompt policy`` is the agent's own prompt (task, history
 keeps the task and the option actions only, so the match is all there is to learn; ``spaced`` lists each option's
 value after a space (the same tokens as in the task); ``marked`` is the positive control: it marks the options
 the task names, so a model that learns anything at all learns this. ``--answer typed`` answers the label
-(``option 3``), ``text`` the action (``click[3 seater]``). Budgets are optimiser steps of 16 examples;
+(``option 3``), ``text`` the action (``click[3 seater]``), ``named`` the shop policy's own format (numbered actions, an option
+answered as its click: ``PolicyConfig.answer_by_name``). Budgets are optimiser steps of 16 examples;
 ``--save-steps N`` scores a checkpoint every N steps (the curve), ``--score DIR ...`` scores given weights only,
 ``--warmup-steps N`` first gives the init N steps of the induction warm-up (repeated random rows: the retrieval
 circuit the marked control needs).
@@ -110,7 +111,8 @@ def main() -> None:
     ap.add_argument("--eval", required=True)
     ap.add_argument("--init", default="pretrained", help="a model (pretrained, a preset, a directory)")
     ap.add_argument("--prompt", choices=["policy", "minimal", "spaced", "marked"], default="policy")
-    ap.add_argument("--answer", choices=["typed", "text"], default="typed")
+    ap.add_argument("--answer", choices=["typed", "text", "named"], default="typed",
+                    help="named: the shop policy's own format (numbered actions, an option answered as its click)")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup-steps", type=int, default=0, help="first give the init this many steps of the "
@@ -130,7 +132,8 @@ def main() -> None:
         if not Path(path).is_file():
             ap.error(f"{path}: no such data file (make it with dreamgym collect: see the docstring)")
 
-    cfg = PolicyConfig(action_format=args.answer, offer_task_search=True)
+    cfg = (PolicyConfig(action_format="index", offer_task_search=True, answer_by_name=True) if args.answer == "named"
+           else PolicyConfig(action_format=args.answer, offer_task_search=True))
     train_trajs = [t for t in read_data([args.train]) if t.success]
     train = option_steps(train_trajs)
     test = option_steps(read_data([args.eval]))[: args.eval_limit]

@@ -208,7 +208,7 @@ def test_answer_probe_scores_whole_answers_beside_the_majority_answer() -> None:
 
     for tokenizer in (AutoTokenizer.from_pretrained(ASSET_DIR), base_tokenizer(0, 400, "1", "words")):
         oracle = answer_probe(_Oracle(len(tokenizer)), tokenizer, per_skill=8)
-        assert {s: a["accuracy"] for s, a in oracle.items()} == {"buy": 1.0, "choose": 1.0}
+        assert {s: a["accuracy"] for s, a in oracle.items()} == {"buy": 1.0, "choose": 1.0, "match": 1.0}
         assert all(0 < a["majority"] < 1 for a in oracle.values())
         fresh = answer_probe(build_model(tiny_shape("micro"), tokenizer, seed=0), tokenizer, per_skill=8)  # type: ignore[arg-type]
         assert max(a["accuracy"] for a in fresh.values()) <= 0.25
@@ -218,11 +218,13 @@ def test_pretrain_command_writes_a_checked_base(tmp_path: Path) -> None:
     out = tmp_path / "base"
     r = run("model", "pretrain", "--out", str(out), "--preset", "micro", "--tokens", "20000", "--vocab-size", "400",
             "--batch-size", "8", "--threads", "1", "--corpus-version", "4", "--group-by-length",
-            "--induction-steps", "3", "--copy-steps", "2")
+            "--induction-steps", "3", "--copy-steps", "2", "--match-steps", "2")
     assert r.returncode == 0, r.stderr[-2000:]
     manifest = read_manifest(out)  # every listed file checks against its sha256
     assert manifest["induction_warmup"]["steps"] == 3 and manifest["sft"]["group_by_length"]
     assert manifest["copy_warmup"]["steps"] == 2 and manifest["copy_warmup"]["corpus_version"] == "4"
+    assert manifest["match_warmup"]["steps"] == 2 and manifest["match_warmup"]["skill"] == "match"
+    assert 0 < manifest["match_warmup"]["majority"] < 0.2 and "match" in manifest["answer_probe"]
     assert manifest["corpus_version"] == "4"
     assert manifest["tokens_seen"] >= 20000 and manifest["corpus_version"] and not manifest["time_cap_fired"]
     assert "--preset micro" in manifest["command"]
@@ -293,6 +295,57 @@ def test_copy_warmup_learns_only_from_echo_targets_and_is_seeded() -> None:
         model = build_model(tiny_shape("micro"), tokenizer, seed=0)  # type: ignore[arg-type]
         report = copy_warmup(model, tokenizer, steps=3, seed=seed, batch_size=2, max_length=256)
         assert report["steps"] == 3 and 0.0 <= report["echo_accuracy"] <= 1.0 and report["final_loss"] > 0
+        runs.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+
+
+def test_match_examples_answer_the_option_the_task_names() -> None:
+    """The match skill: the answer is the click of an option value the task names, listed among the actions, not
+    yet selected on the page, at a rank that varies (so neither a rank nor a fixed word answers it)."""
+    import collections
+    import random
+
+    from dreamgym.pretrain.corpus import example_of
+
+    rng = random.Random(11)
+    ranks = collections.Counter[int]()
+    for _ in range(200):
+        ex = example_of("match", rng, compact=True)
+        user = ex.prompt[-1]["content"]
+        task = user.split("TASK: ", 1)[1].split("\n", 1)[0]
+        answer = parse_action(ex.target)
+        assert answer is not None and answer.startswith("click[") and not answer[6:-1].isdigit(), ex.target
+        value = answer[6:-1]
+        assert value in task.replace(",", " ").replace("=", " ").split(), (task, value)
+        actions = [line.split(" ", 1)[1] for line in user.split("ACTIONS:\n", 1)[1].splitlines()]
+        options = [line.split("option: ", 1)[1] for line in user.splitlines() if "] option: " in line]
+        named = [o for o in options if o.split("=", 1)[1].lower() == value]
+        assert named and not all(o.endswith("(selected)") for o in named), (options, value)
+        ranks[actions.index(answer)] += 1
+    assert len(ranks) >= 4 and max(ranks.values()) < 0.5 * 200
+    # the answers that need no matching stay far from a matcher's: a random option value, the first unselected one
+    from dreamgym.pretrain.corpus import match_baselines
+
+    cheats = match_baselines([example_of("match", rng, compact=True) for _ in range(200)])
+    assert 0.2 < cheats["random_option"] < 0.45 and 0.1 < cheats["first_unselected"] < 0.5
+
+
+def test_match_warmup_is_seeded_and_reports_whole_answers() -> None:
+    """The match warm-up trains on match examples only, is seeded like the copy warm-up, and reports the held-out
+    share of answers predicted whole beside the majority answer's (a fresh model: neither near 1)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from dreamgym.llm.tiny import build_model, tiny_shape
+    from dreamgym.pretrain.train import match_warmup
+
+    tokenizer = AutoTokenizer.from_pretrained(ASSET_DIR)
+    runs = []
+    for seed in (0, 0, 1):
+        model = build_model(tiny_shape("micro"), tokenizer, seed=0)  # type: ignore[arg-type]
+        report = match_warmup(model, tokenizer, steps=2, seed=seed, batch_size=2, max_length=512)
+        assert report["skill"] == "match" and report["steps"] == 2 and report["accuracy"] < 0.2
+        assert 0 < report["majority"] < 0.2 and 0 < report["random_option"] < 0.5
         runs.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
 

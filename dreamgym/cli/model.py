@@ -62,6 +62,8 @@ def pretrain(
                                         "twice) before the corpus, on a fresh model"),
     copy_steps: int = typer.Option(0, min=0, help="steps of the copy warm-up (the corpus's echo examples only: copy "
                                    "a page unchanged) before the mixture"),
+    match_steps: int = typer.Option(0, min=0, help="steps of the match warm-up after the copy warm-up (the corpus's "
+                                    "match examples only: click the option the task names) before the mixture"),
     max_length: int = typer.Option(768, min=16, help="tokens an example is cut to (from the left of its prompt)"),
     tokenizer_style: str = typer.Option("bytes", help="bytes (GPT-2 byte-level BPE, the shipped base's) or words "
                                         "(a word is the same tokens wherever it stands: dreamgym.llm.tiny.WORD_SPLIT)"),
@@ -80,7 +82,7 @@ def pretrain(
                              time_cap_s=time_cap, num_threads=threads, command=command, init=init,
                              corpus_version=corpus_version, group_by_length=group_by_length,
                              induction_steps=induction_steps, tokenizer_style=tokenizer_style,
-                             copy_steps=copy_steps)
+                             copy_steps=copy_steps, match_steps=match_steps)
     console.print(f"pre-trained {preset} ({manifest['params'] / 1e6:.2f}M params) on {manifest['tokens_seen']:,} "
                   f"tokens in {manifest['train_seconds']:.0f} s, loss {manifest['train_loss']:.3f}: {out}")
 

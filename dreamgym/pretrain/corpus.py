@@ -22,7 +22,9 @@ The skills, one generator each (:data:`SKILLS`):
 * ``world``: a room world (``location:`` header, ``[c1] command:`` lines) where taking, dropping and moving
   copy objects between lines;
 * ``choose``: an agent step: the number of the option whose text matches the instruction best;
-* ``echo`` (recipe 4): an action naming nothing on a page of random fields; the page, unchanged, is the target.
+* ``echo`` (recipe 4): an action naming nothing on a page of random fields; the page, unchanged, is the target;
+* ``match`` (warm-up only, in no recipe's mixture): the option value an item page lists and the task names, answered
+  as its click, as the shop policy answers it.
 
 Nothing here is drawn from an env: words, names, ids, prices, option names and layouts are made up from a
 seeded RNG (syllables), so a base trained on it has seen none of any evaluation's catalog, tasks or games.
@@ -502,6 +504,58 @@ def choose_step(site: Site, wish: Wish, rng: random.Random) -> tuple[AgentObserv
     return AgentObservation(instruction, _render(els), actions, [("", f"click[{it.code.lower()}]")]), answer
 
 
+# The shop policy's answer format (dreamgym.envs' shop spec): numbered actions, an option or button click answered
+# as its text (PolicyConfig.answer_by_name).
+MATCH_CONFIG = PolicyConfig(action_format="index", offer_task_search=True, answer_by_name=True)
+_OPTION_PHRASES = ["with {k} {v}", "with {k}={v}", "in {v}", "{v}", "{k}: {v}", "in {k} {v}"]
+
+
+def match_step(rng: random.Random, compact: bool = False) -> tuple[AgentObservation, str]:
+    """An agent step on an item page whose task names option values: the answer is the first named value not yet
+    selected, written as its click (``<action>click[vorla]</action>``). The task words, option names and values
+    are made up afresh every time and the named value's rank among the page's options is uniform, so nothing but
+    finding which listed value appears in the task predicts the answer: the content match the shop policy's
+    option choice needs and a 1.3M base does not learn in the mixture (README, "A match-first curriculum")."""
+    site = Site.random(rng, compact)
+    while not site.options:
+        site = Site.random(rng, compact)
+    it = rng.choice(site.items)
+    names = [n for n in site.options if rng.random() < 0.7] or [rng.choice(list(site.options))]
+    wished = {n: rng.choice(site.options[n]) for n in names}
+    selected = {n: v for n, v in wished.items() if rng.random() < 0.3}
+    if selected == wished:  # at least one named value is left to click
+        del selected[rng.choice(list(selected))]
+    for n in site.options:  # another value of an unnamed option may be selected already
+        if n not in wished and rng.random() < 0.3:
+            selected[n] = rng.choice(site.options[n])
+    attrs = rng.sample(it.attrs, rng.randint(1, len(it.attrs)))
+    phrases = [rng.choice(_OPTION_PHRASES).format(k=n, v=v) for n, v in wished.items()]
+    instruction = f"{rng.choice(_TASK_VERBS)} {rng.choice(['a', 'the'])} {' '.join(attrs)} {site.noun.lower()} " + \
+        rng.choice([" and ", ", "]).join(phrases)
+    els = site.item_page(it, selected)
+    actions = [f"click[{t.removesuffix(' (selected)').split('=', 1)[-1].lower()}]" if k == "option" else f"click[{t.lower()}]"
+               for k, t in els if k in ("option", "button")]
+    answer = next(f"click[{v.lower()}]" for n, v in wished.items() if selected.get(n) != v)
+    return AgentObservation(instruction, _render(els), actions, [("", f"click[{it.code.lower()}]")]), answer
+
+
+def match_baselines(examples: Iterable[SFTExample]) -> dict[str, float]:
+    """The answers to ``match`` examples that need no matching, as shares right: a random option value of the page
+    (expected) and the first option not yet selected."""
+    rand = first = 0.0
+    n = 0
+    for ex in examples:
+        prompt = ex.prompt if isinstance(ex.prompt, str) else "\n".join(m["content"] for m in ex.prompt)
+        lines = prompt.splitlines()
+        options = [line.split("] option: ", 1)[1] for line in lines if "] option: " in line]
+        answer = ex.target.removeprefix("<action>click[").removesuffix("]</action>")
+        unselected = [o.split("=", 1)[1].lower() for o in options if not o.endswith(" (selected)")]
+        rand += 1 / len(options)
+        first += unselected[0] == answer
+        n += 1
+    return {"random_option": round(rand / n, 4), "first_unselected": round(first / n, 4)}
+
+
 # ------------------------------------------------------------------------------------------ the stream
 
 # Prompt layouts the experience model is trained under (sampled per example): the CPU default (k=1, no
@@ -540,6 +594,9 @@ def example_of(skill: str, rng: random.Random, pool: list[Site] | None = None, f
         return _exp_example(step_world(rng), rng, compact)
     if skill == "echo":
         return _exp_example(step_echo(rng), rng, compact)
+    if skill == "match":
+        obs, action = match_step(rng, compact)
+        return SFTExample(build_agent_prompt(obs, MATCH_CONFIG), action_target(obs, action, MATCH_CONFIG))
     site = rng.choice(pool) if pool and rng.random() >= fresh_share else Site.random(rng, compact)
     wish = _wish(site, rng.choice(site.items), rng)
     if skill == "choose":

@@ -129,6 +129,41 @@ def copy_warmup(model: Any, tokenizer: Any, steps: int, seed: int, version: str 
     induction warm-up (:func:`induction_warmup`) teaches the circuit out of the corpus's format, and it did not
     carry. Seeded; returns the steps, the final loss and the held-out echo token accuracy (teacher-forced; the copy
     probe's ``echo`` is the same measure on the probe's set)."""
+    report = skill_warmup(model, tokenizer, "echo", steps, seed + COPY_SEED_OFFSET, version, batch_size,
+                          learning_rate, max_length)
+    report["echo_accuracy"] = report.pop("target_accuracy")
+    return report
+
+
+MATCH_SEED_OFFSET = 4_000_037  # the match warm-up's stream: neither a training, the copy warm-up's nor the probe's
+
+
+def match_warmup(model: Any, tokenizer: Any, steps: int, seed: int, version: str = "4", batch_size: int = 16,
+                 learning_rate: float = 2e-3, max_length: int = 768) -> dict[str, Any]:
+    """A warm-up on ``match`` examples only (:func:`~dreamgym.pretrain.corpus.match_step`: click the option value
+    an item page lists and the task names), after the copy warm-up and before the mixture: the content match the
+    shop policy's option choice needs, taught alone as echo taught copying alone. Returns what
+    :func:`skill_warmup` does, plus the held-out share of answers predicted whole (teacher-forced) beside the
+    majority answer's and those of :func:`~dreamgym.pretrain.corpus.match_baselines` (a random option value, the
+    first unselected option) on the same examples."""
+    import random
+
+    from dreamgym.pretrain.corpus import RECIPES, example_of, match_baselines
+
+    compact = RECIPES[version].compact
+    report = skill_warmup(model, tokenizer, "match", steps, seed + MATCH_SEED_OFFSET, version, batch_size,
+                          learning_rate, max_length)
+    report.update(answer_accuracy(model, tokenizer, "match", random.Random(seed + MATCH_SEED_OFFSET + 1), 64, compact))
+    rng = random.Random(seed + MATCH_SEED_OFFSET + 1)  # the same 64 held-out examples
+    report.update(match_baselines([example_of("match", rng, compact=compact) for _ in range(64)]))
+    return report
+
+
+def skill_warmup(model: Any, tokenizer: Any, skill: str, steps: int, stream_seed: int, version: str = "4",
+                 batch_size: int = 16, learning_rate: float = 2e-3, max_length: int = 768) -> dict[str, Any]:
+    """``steps`` of masked SFT on corpus examples of one ``skill`` (fresh sites, the recipe ``version``'s
+    compactness), drawn from ``stream_seed``; returns the steps, the final loss and the held-out target token
+    accuracy (teacher-forced, on 32 examples of the next stream)."""
     import random
 
     from dreamgym.pretrain.corpus import RECIPES, example_of
@@ -136,13 +171,14 @@ def copy_warmup(model: Any, tokenizer: Any, steps: int, seed: int, version: str 
     compact = RECIPES[version].compact
 
     def batch(rng: random.Random, n: int) -> dict[str, Any]:
-        return echo_batch(tokenizer, [example_of("echo", rng, compact=compact) for _ in range(n)], max_length)
+        return echo_batch(tokenizer, [example_of(skill, rng, compact=compact) for _ in range(n)], max_length)
 
-    rng = random.Random(seed + COPY_SEED_OFFSET)
-    held_out = batch(random.Random(seed + COPY_SEED_OFFSET + 1), 32)
-    loss = _warmup(model, lambda: batch(rng, batch_size), steps, learning_rate, "copy warm-up")
-    return {"steps": steps, "batch_size": batch_size, "learning_rate": learning_rate, "corpus_version": version,
-            "final_loss": round(loss, 4), "echo_accuracy": round(_target_accuracy(model, held_out), 4)}
+    rng = random.Random(stream_seed)
+    held_out = batch(random.Random(stream_seed + 1), 32)
+    loss = _warmup(model, lambda: batch(rng, batch_size), steps, learning_rate, f"{skill} warm-up")
+    return {"skill": skill, "steps": steps, "batch_size": batch_size, "learning_rate": learning_rate,
+            "corpus_version": version, "final_loss": round(loss, 4),
+            "target_accuracy": round(_target_accuracy(model, held_out), 4)}
 
 
 def echo_batch(tokenizer: Any, examples: Any, max_length: int) -> dict[str, Any]:
@@ -151,7 +187,7 @@ def echo_batch(tokenizer: Any, examples: Any, max_length: int) -> dict[str, Any]
     echo examples comes near 768 tokens)."""
     rows = [row for ex in examples if (row := tokenize_example(tokenizer, ex, max_length)) is not None]
     if not rows:
-        raise ValueError(f"copy warm-up: no echo example fits max_length={max_length}")
+        raise ValueError(f"warm-up: no example fits max_length={max_length}")
     return MaskedCollator(tokenizer.pad_token_id)(rows)
 
 
@@ -240,8 +276,10 @@ def copy_probe(model: Any, tokenizer: Any, per_skill: int = PROBE_PER_SKILL) -> 
     return out
 
 
-# The spans that decide a comparison: the score of a purchase (``buy``) and the chosen option (``choose``).
-ANSWER_SPANS = {"buy": ("<reward>", "</reward>"), "choose": ("<action>", "</action>")}
+# The spans that decide a comparison: the score of a purchase (``buy``), the chosen option (``choose``, numbered)
+# and the named option value (``match``, its click as text).
+ANSWER_SPANS = {"buy": ("<reward>", "</reward>"), "choose": ("<action>", "</action>"),
+                "match": ("<action>", "</action>")}
 
 
 def answer_probe(model: Any, tokenizer: Any, per_skill: int = 64) -> dict[str, dict[str, float]]:
@@ -251,32 +289,36 @@ def answer_probe(model: Any, tokenizer: Any, per_skill: int = 64) -> dict[str, d
     option number). :func:`copy_probe`'s token accuracy is not comparable across tokenizers (a style that spends
     a token on each space has more easy tokens); this is."""
     import random
+
+    rng = random.Random(PROBE_SEED + 1)  # one stream, skills in order: earlier skills' examples stay as they were
+    return {skill: answer_accuracy(model, tokenizer, skill, rng, per_skill) for skill in ANSWER_SPANS}
+
+
+def answer_accuracy(model: Any, tokenizer: Any, skill: str, rng: Any, n: int, compact: bool = False) -> dict[str, float]:
+    """The share of ``n`` examples of ``skill`` drawn from ``rng`` whose whole answer span is predicted right
+    (teacher-forced), beside the share of the most common answer (:func:`answer_probe`)."""
     from collections import Counter
 
     import torch
 
     from dreamgym.pretrain.corpus import example_of
 
-    rng = random.Random(PROBE_SEED + 1)
+    open_tag, close_tag = ANSWER_SPANS[skill]
     model.eval()
-    out: dict[str, dict[str, float]] = {}
+    right, answers = 0, Counter[str]()
     with torch.no_grad():
-        for skill, (open_tag, close_tag) in ANSWER_SPANS.items():
-            right, answers = 0, Counter[str]()
-            for _ in range(per_skill):
-                ex = example_of(skill, rng)
-                start = ex.target.index(open_tag) + len(open_tag)
-                end = ex.target.index(close_tag, start)
-                answers[ex.target[start:end]] += 1
-                prompt = encode_prompt(tokenizer, ex.prompt)
-                enc = tokenizer(ex.target, add_special_tokens=False, return_offsets_mapping=True)
-                target = enc.input_ids
-                span = [i for i, (a, b) in enumerate(enc.offset_mapping) if a < end and b > start]
-                pred = model(torch.tensor([prompt + target])).logits[0, len(prompt) - 1 : -1].argmax(-1)
-                right += all(int(pred[i]) == target[i] for i in span)
-            out[skill] = {"accuracy": round(right / per_skill, 4),
-                          "majority": round(answers.most_common(1)[0][1] / per_skill, 4)}
-    return out
+        for _ in range(n):
+            ex = example_of(skill, rng, compact=compact)
+            start = ex.target.index(open_tag) + len(open_tag)
+            end = ex.target.index(close_tag, start)
+            answers[ex.target[start:end]] += 1
+            prompt = encode_prompt(tokenizer, ex.prompt)
+            enc = tokenizer(ex.target, add_special_tokens=False, return_offsets_mapping=True)
+            target = enc.input_ids
+            span = [i for i, (a, b) in enumerate(enc.offset_mapping) if a < end and b > start]
+            pred = model(torch.tensor([prompt + target])).logits[0, len(prompt) - 1 : -1].argmax(-1)
+            right += all(int(pred[i]) == target[i] for i in span)
+    return {"accuracy": round(right / n, 4), "majority": round(answers.most_common(1)[0][1] / n, 4)}
 
 
 def pretrain_base(
@@ -298,6 +340,7 @@ def pretrain_base(
     induction_steps: int = 0,
     tokenizer_style: str = "bytes",
     copy_steps: int = 0,
+    match_steps: int = 0,
 ) -> dict[str, Any]:
     """Pre-train a ``shape`` tiny Llama on ``tokens`` corpus tokens into ``out_dir``; write ``MANIFEST.json``.
 
@@ -307,7 +350,8 @@ def pretrain_base(
     batches examples of similar length (less padding: the same tokens in fewer seconds); ``induction_steps``
     first runs :func:`induction_warmup` for that many steps on a fresh model (not on ``init``, not on a resume);
     ``tokenizer_style`` is :func:`~dreamgym.llm.tiny.build_tokenizer`'s (a fresh tokenizer only); ``copy_steps``
-    then runs :func:`copy_warmup` (echo examples of the corpus recipe only) for that many steps (not on a resume).
+    then runs :func:`copy_warmup` (echo examples of the corpus recipe only) for that many steps, and ``match_steps``
+    :func:`match_warmup` after it (neither on a resume).
     Returns the manifest. Rerunning with the same arguments resumes from ``out_dir/checkpoints``.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -356,6 +400,9 @@ def pretrain_base(
     copy = _warmup_record(out / "copy_warmup.json", copy_steps > 0 and not resuming, num_threads,
                           lambda: copy_warmup(model, tokenizer, copy_steps, seed, corpus_version, batch_size,
                                               max_length=max_length))
+    match = _warmup_record(out / "match_warmup.json", match_steps > 0 and not resuming, num_threads,
+                           lambda: match_warmup(model, tokenizer, match_steps, seed, corpus_version, batch_size,
+                                                max_length=max_length))
     steps = math.ceil(len(corpus) / batch_size)
     cfg = SFTConfig(epochs=1.0, max_steps=steps, learning_rate=learning_rate, batch_size=batch_size,
                     max_length=max_length, warmup_ratio=min(1.0, warmup_steps / steps), logging_steps=50,
@@ -386,6 +433,7 @@ def pretrain_base(
             "model_sha256": init_manifest["files"].get("model.safetensors")},
         "induction_warmup": warmup,
         "copy_warmup": copy,
+        "match_warmup": match,
         "copy_probe": copy_probe(model, tokenizer),
         "answer_probe": answer_probe(model, tokenizer),
         "time_cap_fired": done_steps < steps,
