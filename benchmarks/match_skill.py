@@ -122,8 +122,9 @@ def main() -> None:
     final = None
     if args.final_eval:
         final_rng = random.Random(FINAL_SEED)
-        final = {"examples": args.final_eval, "accuracy": whole_target_accuracy(model, tok, args.format, FINAL_SEED,
-                                                                               args.final_eval),
+        acc = whole_target_accuracy(model, tok, args.format, FINAL_SEED, args.final_eval)
+        half = 1.96 * (acc * (1 - acc) / args.final_eval) ** 0.5  # a binomial (normal-approximation) 95% interval
+        final = {"examples": args.final_eval, "accuracy": acc, "ci95": [round(acc - half, 3), round(acc + half, 3)],
                  **match_baselines([match_example(final_rng, "full") for _ in range(args.final_eval)])}
         print("final", final, flush=True)
     if args.save:

@@ -479,6 +479,12 @@ STEP_MAKERS = {"open": step_open, "select": step_select, "buy": step_buy, "searc
 # ------------------------------------------------------------------------------------------ agent steps
 
 
+def _item_actions(els: list[tuple[str, str]]) -> list[str]:
+    """An item page's admissible clicks: each option by its value, each button by its label."""
+    return [f"click[{t.removesuffix(' (selected)').split('=', 1)[-1].lower()}]" if k == "option" else f"click[{t.lower()}]"
+            for k, t in els if k in ("option", "button")]
+
+
 def choose_step(site: Site, wish: Wish, rng: random.Random) -> tuple[AgentObservation, str]:
     """An agent observation and the action an oracle takes: the best-matching link on a results page, the first
     wished option not yet selected on an item page (then buy), the task's own search on the search page."""
@@ -498,8 +504,7 @@ def choose_step(site: Site, wish: Wish, rng: random.Random) -> tuple[AgentObserv
     selected = {k: v for k, v in wish.opts.items() if rng.random() < 0.5}
     els = site.item_page(it, selected)
     missing = [v for k, v in wish.opts.items() if selected.get(k) != v]
-    actions = [f"click[{t.removesuffix(' (selected)').split('=', 1)[-1].lower()}]" if k == "option" else f"click[{t.lower()}]"
-               for k, t in els if k in ("option", "button")]
+    actions = _item_actions(els)
     answer = f"click[{missing[0].lower()}]" if missing else f"click[{site.buy.lower()}]"
     return AgentObservation(instruction, _render(els), actions, [("", f"click[{it.code.lower()}]")]), answer
 
@@ -533,8 +538,7 @@ def match_step(rng: random.Random, compact: bool = False) -> tuple[AgentObservat
     instruction = f"{rng.choice(_TASK_VERBS)} {rng.choice(['a', 'the'])} {' '.join(attrs)} {site.noun.lower()} " + \
         rng.choice([" and ", ", "]).join(phrases)
     els = site.item_page(it, selected)
-    actions = [f"click[{t.removesuffix(' (selected)').split('=', 1)[-1].lower()}]" if k == "option" else f"click[{t.lower()}]"
-               for k, t in els if k in ("option", "button")]
+    actions = _item_actions(els)
     answer = next(f"click[{v.lower()}]" for n, v in wished.items() if selected.get(n) != v)
     return AgentObservation(instruction, _render(els), actions, [("", f"click[{it.code.lower()}]")]), answer
 

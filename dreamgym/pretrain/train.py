@@ -153,9 +153,10 @@ def match_warmup(model: Any, tokenizer: Any, steps: int, seed: int, version: str
     compact = RECIPES[version].compact
     report = skill_warmup(model, tokenizer, "match", steps, seed + MATCH_SEED_OFFSET, version, batch_size,
                           learning_rate, max_length)
-    report.update(answer_accuracy(model, tokenizer, "match", random.Random(seed + MATCH_SEED_OFFSET + 1), 64, compact))
-    rng = random.Random(seed + MATCH_SEED_OFFSET + 1)  # the same 64 held-out examples
-    report.update(match_baselines([example_of("match", rng, compact=compact) for _ in range(64)]))
+    rng = random.Random(seed + MATCH_SEED_OFFSET + 1)
+    held_out = [example_of("match", rng, compact=compact) for _ in range(64)]
+    report.update(answer_accuracy(model, tokenizer, "match", held_out))
+    report.update(match_baselines(held_out))
     return report
 
 
@@ -291,24 +292,24 @@ def answer_probe(model: Any, tokenizer: Any, per_skill: int = 64) -> dict[str, d
     import random
 
     rng = random.Random(PROBE_SEED + 1)  # one stream, skills in order: earlier skills' examples stay as they were
-    return {skill: answer_accuracy(model, tokenizer, skill, rng, per_skill) for skill in ANSWER_SPANS}
+    from dreamgym.pretrain.corpus import example_of
+
+    return {skill: answer_accuracy(model, tokenizer, skill, [example_of(skill, rng) for _ in range(per_skill)])
+            for skill in ANSWER_SPANS}
 
 
-def answer_accuracy(model: Any, tokenizer: Any, skill: str, rng: Any, n: int, compact: bool = False) -> dict[str, float]:
-    """The share of ``n`` examples of ``skill`` drawn from ``rng`` whose whole answer span is predicted right
-    (teacher-forced), beside the share of the most common answer (:func:`answer_probe`)."""
+def answer_accuracy(model: Any, tokenizer: Any, skill: str, examples: list[SFTExample]) -> dict[str, float]:
+    """The share of ``examples`` of ``skill`` whose whole answer span is predicted right (teacher-forced), beside
+    the share of the most common answer (:func:`answer_probe`)."""
     from collections import Counter
 
     import torch
-
-    from dreamgym.pretrain.corpus import example_of
 
     open_tag, close_tag = ANSWER_SPANS[skill]
     model.eval()
     right, answers = 0, Counter[str]()
     with torch.no_grad():
-        for _ in range(n):
-            ex = example_of(skill, rng, compact=compact)
+        for ex in examples:
             start = ex.target.index(open_tag) + len(open_tag)
             end = ex.target.index(close_tag, start)
             answers[ex.target[start:end]] += 1
@@ -318,6 +319,7 @@ def answer_accuracy(model: Any, tokenizer: Any, skill: str, rng: Any, n: int, co
             span = [i for i, (a, b) in enumerate(enc.offset_mapping) if a < end and b > start]
             pred = model(torch.tensor([prompt + target])).logits[0, len(prompt) - 1 : -1].argmax(-1)
             right += all(int(pred[i]) == target[i] for i in span)
+    n = len(examples)
     return {"accuracy": round(right / n, 4), "majority": round(answers.most_common(1)[0][1] / n, 4)}
 
 
