@@ -20,6 +20,12 @@ On-path cloning (``--on-path``: each trajectory only up to its first detour, ``d
     .venv/bin/python benchmarks/bc_options.py --data data/opt/train20k.jsonl --on-path --option-repeat 6 \
         --steps 2500 --group-by-length --seed S --out runs/onpath/p-sS
 
+Shorter prompts and word answers (``--prompt compact``: ``PolicyConfig.prompt``; ``--answer-words``:
+``PolicyConfig.answer_words``), 2,100 steps in ~580 s on 2 cores (``benchmarks/results/compact_prompt.json``)::
+
+    .venv/bin/python benchmarks/bc_options.py --data data/opt/train20k.jsonl --on-path --option-repeat 12 \
+        --steps 2100 --group-by-length --prompt compact --answer-words --seed S --out runs/cmp/cwh12-sS
+
 ``benchmarks/option_skill.py`` finds that a model trained on the oracle's option steps alone learns to rank the
 option the task names first when it writes the option's text (``--answer text``), after some 10k option examples,
 and not when it answers a label. In plain cloning, option steps are a small share of the examples, and the
@@ -65,6 +71,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--on-path", action="store_true", help="clone each trajectory only up to its first detour (the "
                     "states the oracle itself reaches), not the oracle's recoveries from the noise's detours")
+    ap.add_argument("--prompt", choices=["full", "compact"], default="full", help="the policy prompt (PolicyConfig."
+                    "prompt; compact: about a third fewer tokens a step)")
+    ap.add_argument("--answer-words", action="store_true", help="answer an option or button click by its words "
+                    "after a space, as the task spells them (PolicyConfig.answer_words)")
     ap.add_argument("--group-by-length", action="store_true", help="batch examples of similar length (less padding)")
     ap.add_argument("--keep-checkpoints", action="store_true", help="keep every checkpoint (a learning curve), not 2, "
                     "and save each as a policy run dir OUT/curve/step-N")
@@ -108,7 +118,9 @@ def main() -> None:
     if args.option_repeat < 1:
         ap.error("--option-repeat must be >= 1")
 
-    cfg = PolicyConfig(**spec("shop").demo_defaults["policy"])  # the shop demo's policy format, from its EnvSpec
+    # the shop demo's policy format, from its EnvSpec
+    cfg = PolicyConfig(**{**spec("shop").demo_defaults["policy"], "prompt": args.prompt,
+                          "answer_words": args.answer_words})
     trajs = [t for t in read_data([args.data]) if t.success]
     if args.on_path:
         trajs = [on_path(t) for t in trajs]

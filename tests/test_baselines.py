@@ -158,6 +158,66 @@ def test_answer_by_name_clones_word_actions_as_text_and_ids_as_numbers() -> None
     assert env_action("<action>click[red]</action>", obs, cfg) == env_action("<action>2</action>", obs, cfg) == "click[red]"
 
 
+def test_word_answers_spell_a_click_as_the_task_does_and_read_back_as_that_click() -> None:
+    from transformers import AutoTokenizer
+
+    from dreamgym.llm.pretrained import resolve_model
+    from dreamgym.sft import encode_prompt, encode_target
+
+    state = "[1] option: size=12 oz\n[2] option: size=2\n[3] button: Buy Now\n[4] link: B0ZZ11QQ — Sheets | $3.00"
+    obs = AgentObservation("i want sheets in size 12 oz", state, ["click[12 oz]", "click[2]", "click[buy now]",
+                                                                  "click[b0zz11qq]"], [])
+    cfg = PolicyConfig(action_format="index", answer_by_name=True, answer_words=True)
+    targets = [action_target(obs, a, cfg) for a in obs.admissible_actions]
+    assert targets == ["<action> 12 oz</action>", "<action> 2</action>", "<action> buy now</action>",
+                       "<action>4</action>"]
+    # each reads back as its click; " 2" is the option's words, "2" the 2nd listed action; unknown words stay invalid
+    assert [env_action(t, obs, cfg) for t in targets] == list(obs.admissible_actions)
+    assert env_action("<action>2</action>", obs, cfg) == "click[2]"
+    assert env_action("<action> 3 oz</action>", obs, cfg) == "3 oz"
+    assert env_action("<action>click[buy now]</action>", obs, cfg) == "click[buy now]"
+    with pytest.raises(ValueError, match="answer_by_name"):  # words only word answers by name
+        PolicyConfig(action_format="index", answer_words=True)
+    # HISTORY shows a word click as the words answered, an id click as it is
+    seen = AgentObservation(obs.instruction, state, obs.admissible_actions, [("s", "click[b0zz11qq]"), ("s", "click[12 oz]")])
+    assert "HISTORY: click[b0zz11qq] ; 12 oz\n" in build_agent_prompt(seen, cfg)[1]["content"]
+    # the point of it: the answer's tokens are the task's tokens for the same words (not so after "click[")
+    tok = AutoTokenizer.from_pretrained(resolve_model("pretrained"))
+    task_ids = encode_prompt(tok, build_agent_prompt(obs, cfg))
+    words = encode_target(tok, targets[0])[3:-4]  # between "<action>" and "</action></s>"
+    assert tok.convert_ids_to_tokens(words) == ["Ġ", "1", "2", "Ġo", "z"]
+    assert any(task_ids[i:i + len(words)] == words for i in range(len(task_ids)))
+    plain = encode_target(tok, action_target(obs, "click[12 oz]", cfg.model_copy(update={"answer_words": False})))
+    assert not any(plain[i:i + len(words)] == words for i in range(len(plain)))
+
+
+def test_compact_prompt_lists_only_what_the_state_does_not_show_and_reads_every_action_back() -> None:
+    state = ("[1] text: B0N38ATR — Torzu Sheets\n[2] option: color=red (selected)\n[3] option: color=blue\n"
+             "[4] button: Buy Now\n[5] link: B0ZZ11QQ — Other Sheets | $3.00")
+    history = [("s0", "search[i want blue sheets in queen size under 30 dollars]"), ("s1", "click[b0n38atr]")]
+    obs = AgentObservation("i want blue sheets", state, ["click[red]", "click[blue]", "click[buy now]",
+                                                         "click[next >]", "click[b0zz11qq]"], history)
+    full = PolicyConfig(action_format="index", answer_by_name=True)
+    cfg = full.model_copy(update={"prompt": "compact"})
+    messages = build_agent_prompt(obs, cfg)
+    assert [m["role"] for m in messages] == ["user"]  # no system message
+    text = messages[0]["content"]
+    # the state's option and button clicks are not listed; a click the state does not name (next >) and ids are
+    assert text.endswith("ACTIONS:\n1 click[next >]\n2 click[b0zz11qq]")
+    assert "HISTORY: search[i want blue she…] ; click[b0n38atr]" in text  # the long query cut, the id whole
+    assert len(text) < len(build_agent_prompt(obs, full)[1]["content"])
+    # the targets number the listed actions and name the rest; every admissible action reads back as itself
+    targets = [action_target(obs, a, cfg) for a in obs.admissible_actions]
+    assert targets == ["<action>click[red]</action>", "<action>click[blue]</action>",
+                       "<action>click[buy now]</action>", "<action>click[next >]</action>", "<action>2</action>"]
+    assert [env_action(t, obs, cfg) for t in targets] == list(obs.admissible_actions)
+    assert env_action("<action>1</action>", obs, cfg) == "click[next >]"
+    assert env_action("<action>3</action>", obs, cfg) is None  # only 2 actions are numbered
+    # the shop: every page's actions round-trip through the compact targets, with word answers too
+    assert_shop_pages_round_trip(cfg)
+    assert_shop_pages_round_trip(cfg.model_copy(update={"answer_words": True}))
+
+
 def test_typed_answers_label_an_action_by_its_element_type_and_rank() -> None:
     state = ("[1] text: B0N38ATR — Torzu Sheets\n[2] option: color=red\n[3] option: color=blue\n[4] button: Buy Now\n"
              "[5] link: B0ZZ11QQ — Other Sheets | $3.00\n[6] searchbox: search[your query]")
@@ -173,13 +233,19 @@ def test_typed_answers_label_an_action_by_its_element_type_and_rank() -> None:
         "click[blue]", "click[buy now]", None, None]
     assert env_action("<action>search[red sheets]</action>", obs, cfg) == "search[red sheets]"
     # every action of the shop's search, results and item pages round-trips through its label
+    assert_shop_pages_round_trip(cfg)
+
+
+def assert_shop_pages_round_trip(cfg: PolicyConfig) -> None:
+    """Every action of a shop episode's search, results and item pages is cloned as a distinct target that
+    ``env_action`` reads back as that action."""
     shop = make("shop")
     state, info = shop.reset(seed=0)
     for step in range(3):
         page = AgentObservation(info["task"].instruction, state, info["admissible_actions"], [])
-        labels = [action_target(page, a, cfg) for a in page.admissible_actions]
-        assert len(set(labels)) == len(labels)
-        assert [env_action(t, page, cfg) for t in labels] == list(page.admissible_actions)
+        targets = [action_target(page, a, cfg) for a in page.admissible_actions]
+        assert len(set(targets)) == len(targets)
+        assert [env_action(t, page, cfg) for t in targets] == list(page.admissible_actions)
         action = f"search[{info['task'].instruction}]" if step == 0 else next(
             a for a in page.admissible_actions if a not in ("click[back to search]", "click[next >]"))
         state, _, _, _, info = shop.step(action)
@@ -343,6 +409,15 @@ def test_cli_sft_defaults_to_index_actions_and_takes_the_format(oracle: list[Tra
     r = CliRunner().invoke(app, ["baseline", "sft", "--data", str(tmp_path / "d.jsonl"), "--out",
                                  str(tmp_path / "x"), "--action-format", "numbers"])
     assert r.exit_code != 0 and not (tmp_path / "x").exists()
+    r = CliRunner().invoke(app, ["baseline", "sft", "--data", str(tmp_path / "d.jsonl"), "--model", "micro",
+                                 "--out", str(tmp_path / "c"), "--epochs", "0.2", "--threads", "1", "--prompt",
+                                 "compact", "--answer-by-name", "--answer-words"])
+    assert r.exit_code == 0, r.output
+    saved = PolicyConfig.model_validate_json((tmp_path / "c" / "policy.json").read_text())
+    assert (saved.prompt, saved.answer_by_name, saved.answer_words) == ("compact", True, True)
+    r = CliRunner().invoke(app, ["baseline", "sft", "--data", str(tmp_path / "d.jsonl"), "--out",
+                                 str(tmp_path / "x"), "--prompt", "short"])
+    assert r.exit_code == 2 and not (tmp_path / "x").exists()
     r = CliRunner().invoke(app, ["baseline", "sft", "--data", str(tmp_path / "d.jsonl"), "--out",
                                  str(tmp_path / "x"), "--decision-repeat", "0"])
     assert r.exit_code == 2 and not (tmp_path / "x").exists()

@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dreamgym.llm.base import LLM, ChatMessages, SamplingParams
 
@@ -83,9 +83,26 @@ class PolicyConfig(BaseModel):
         "distribution renormalised over the tokens that continue an admissible action's answer (invalid action "
         "masking); each step keeps those token sets, and RL scores its tokens under the same mask (RLConfig."
         "action_masking sets it)")
+    prompt: Literal["full", "compact"] = Field(
+        default="full", description="compact: no system message, a long action in HISTORY cut to its first words "
+        "(the task's search), and the ACTIONS list without the actions answered by name that click a STATE line by "
+        "its text (options, buttons: the line already shows them): about a third fewer tokens per shop step, so "
+        "more cloning steps in the same seconds")
     answer_by_name: bool = Field(default=False, description="index format: clone a short word action (an option, a "
                                  "button: see is_word_action) as its text, and only ids and long actions as option "
                                  "numbers")
+    answer_words: bool = Field(default=False, description="with answer_by_name: a word click (an option, a button: "
+                               "is_word_action) is answered by its words alone after a space, <action> 12 oz</action>: the "
+                               "tokens the TASK line spells the same words with under a byte-level BPE (after "
+                               "'click[' the same words are other tokens), so the answer can be copied from the task")
+
+
+    @model_validator(mode="after")
+    def _words_need_names(self) -> PolicyConfig:
+        if self.answer_words and not (self.action_format == "index" and self.answer_by_name):
+            raise ValueError("answer_words words the answers of answer_by_name: it needs action_format='index' and "
+                             "answer_by_name=true")
+        return self
 
 
 @dataclass(frozen=True)
@@ -119,6 +136,41 @@ def agent_options(obs: AgentObservation, cfg: PolicyConfig) -> list[str]:
     return options
 
 
+def shown_state(obs: AgentObservation, cfg: PolicyConfig) -> str:
+    """The STATE the prompt shows: cut to ``max_state_chars``."""
+    return obs.state if len(obs.state) <= cfg.max_state_chars else obs.state[: cfg.max_state_chars] + " …"
+
+
+def listed_options(obs: AgentObservation, cfg: PolicyConfig) -> list[str]:
+    """The actions the prompt lists (and numbers, in ``index`` format): :func:`agent_options`, less, with
+    ``prompt="compact"``, each action answered by its text that clicks a STATE line by that line's text (the line
+    shows it already; ``action_target`` still clones it, and guided decoding still offers it)."""
+    options = agent_options(obs, cfg)
+    by_name = cfg.action_format == "text" or (cfg.action_format == "index" and cfg.answer_by_name)
+    if cfg.prompt != "compact" or not by_name:
+        return options
+    texts = [text for _, text in state_elements(shown_state(obs, cfg))]
+    return [a for a in options if not (a.startswith("click[") and a.endswith("]") and
+                                       (cfg.action_format == "text" or is_word_action(a)) and
+                                       _names_element(a[6:-1].lower(), texts))]
+
+
+def _names_element(arg: str, texts: Sequence[str]) -> bool:
+    """A STATE line shows ``arg``: its whole text, or an option's ``name=arg`` (selected or not)."""
+    return any(text == arg or text.removesuffix(" (selected)").endswith("=" + arg) for text in texts)
+
+
+def _history_action(action: str, cfg: PolicyConfig) -> str:
+    """An action as HISTORY shows it: whole; with ``answer_words``, a word click as the words the agent answered
+    (so a repeat of the last answer is the same tokens as its HISTORY entry); with ``prompt="compact"`` cut to
+    24 characters (the task's search query is the TASK line again)."""
+    if cfg.answer_words and cfg.answer_by_name and _click_arg(action) is not None and is_word_action(action):
+        return _click_arg(action)  # type: ignore[return-value]
+    if cfg.prompt != "compact" or len(action) <= 24:
+        return action
+    return action[:22] + ("…]" if action.endswith("]") else "…")
+
+
 _ELEMENT = re.compile(r"^\[[^\]]*\]\s*([A-Za-z_][\w -]*?)\s*:\s*(.*)$")
 _LABEL = re.compile(r"^([a-z_][\w-]*) (\d+)$")
 
@@ -138,10 +190,15 @@ def element_type(action: str, elements: Sequence[tuple[str, str]]) -> str:
     return verb.strip().lower() or "action"
 
 
+def state_elements(state: str) -> list[tuple[str, str]]:
+    """A state's ``[id] type: text`` lines as lower-case ``(type, text)`` pairs (spaces in a type become ``_``)."""
+    return [(m.group(1).strip().lower().replace(" ", "_"), m.group(2).strip().lower())
+            for m in map(_ELEMENT.match, (line.strip() for line in state.splitlines())) if m is not None]
+
+
 def action_labels(obs: AgentObservation, cfg: PolicyConfig) -> list[str]:
     """``typed`` format: each of :func:`agent_options`' label, ``<element type> <rank among that type>``."""
-    elements = [(m.group(1).strip().lower().replace(" ", "_"), m.group(2).strip().lower())
-                for m in map(_ELEMENT.match, (line.strip() for line in obs.state.splitlines())) if m is not None]
+    elements = state_elements(obs.state)
     seen: dict[str, int] = {}
     labels = []
     for a in agent_options(obs, cfg):
@@ -156,10 +213,9 @@ def build_agent_prompt(obs: AgentObservation, cfg: PolicyConfig) -> ChatMessages
     lines = [f"TASK: {obs.instruction}", f"STEP: {len(obs.history)}"]
     recent = list(obs.history)[-cfg.history_window :] if cfg.history_window else []
     if recent:
-        lines.append("HISTORY: " + " ; ".join(a for _, a in recent))
-    state = obs.state if len(obs.state) <= cfg.max_state_chars else obs.state[: cfg.max_state_chars] + " …"
-    lines.append("STATE:\n" + state)
-    options = agent_options(obs, cfg)
+        lines.append("HISTORY: " + " ; ".join(_history_action(a, cfg) for _, a in recent))
+    lines.append("STATE:\n" + shown_state(obs, cfg))
+    options = listed_options(obs, cfg)
     if cfg.action_format == "index" and options:
         lines.append("ACTIONS:\n" + "\n".join(f"{i} {a}" for i, a in enumerate(options, start=1)))
     elif cfg.action_format == "typed" and options:
@@ -169,10 +225,10 @@ def build_agent_prompt(obs: AgentObservation, cfg: PolicyConfig) -> ChatMessages
         lines.append("ACTIONS: " + " | ".join(options))
     answer = {"index": "the number of an action, or an action", "typed": "the label of an action, or an action"}.get(
         cfg.action_format, "ACTION")
-    return [
-        {"role": "system", "content": SYSTEM_PROMPT.format(think=think, answer=answer)},
-        {"role": "user", "content": "\n".join(lines)},
-    ]
+    user = {"role": "user", "content": "\n".join(lines)}
+    if cfg.prompt == "compact":
+        return [user]
+    return [{"role": "system", "content": SYSTEM_PROMPT.format(think=think, answer=answer)}, user]
 
 
 def format_action_target(action: str, thought: str | None = None) -> str:
@@ -188,14 +244,22 @@ def action_target(obs: AgentObservation, action: str, cfg: PolicyConfig, thought
         for option, label in zip(agent_options(obs, cfg), action_labels(obs, cfg), strict=True):
             if option.lower() == action.lower():
                 return format_action_target(label, thought)
+    if cfg.action_format == "index" and cfg.answer_by_name and cfg.answer_words and _click_arg(action) is not None \
+            and is_word_action(action):
+        return format_action_target(" " + _click_arg(action), thought)  # type: ignore[operator]
     if cfg.action_format == "index" and not (cfg.answer_by_name and is_word_action(action)):
-        options = [a.lower() for a in agent_options(obs, cfg)]
+        options = [a.lower() for a in listed_options(obs, cfg)]
         if action.lower() in options:
             return format_action_target(str(options.index(action.lower()) + 1), thought)
     return format_action_target(action, thought)
 
 
 _ID_LIKE = re.compile(r"(?=[a-z]*\d)(?=\d*[a-z])[a-z0-9]{6,}", re.IGNORECASE)  # b0n38atr, not "3 seater"
+
+
+def _click_arg(action: str) -> str | None:
+    """``x`` of ``click[x]``; None for any other action."""
+    return action[6:-1] if action.startswith("click[") and action.endswith("]") else None
 
 
 def is_word_action(action: str) -> bool:
@@ -232,7 +296,12 @@ def env_action(text: str, obs: AgentObservation, cfg: PolicyConfig) -> str | Non
     too, so a policy is read the same way wherever it is trained."""
     action = parse_action(text)
     if action is not None and cfg.action_format == "index":
-        action = resolve_action(action, agent_options(obs, cfg))
+        words = _ACTION_TAG.findall(text)[-1] if cfg.answer_words and _ACTION_TAG.search(text) else ""
+        if words.startswith(" ") and words.strip() and "[" not in words:  # answer_words: the click naming them
+            action = next((a for a in agent_options(obs, cfg) if (_click_arg(a) or "").lower() == action.lower()),
+                          action)
+        else:
+            action = resolve_action(action, listed_options(obs, cfg))
     elif action is not None and cfg.action_format == "typed" and _LABEL.match(action.lower()):
         labels = action_labels(obs, cfg)  # a label names its option; a label the page lacks names nothing
         action = agent_options(obs, cfg)[labels.index(action.lower())] if action.lower() in labels else None

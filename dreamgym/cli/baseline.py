@@ -29,6 +29,11 @@ def sft_cmd(
                                       "writes the action itself"),
     answer_by_name: bool = typer.Option(False, help="index format: clone option and button clicks as their text, "
                                         "ids and long actions as numbers (the shop demo's default)"),
+    prompt: str = typer.Option("full", help="full | compact: no system message, long HISTORY actions cut, and no "
+                               "listed clicks the STATE shows by name (PolicyConfig.prompt; ~2x the steps a second "
+                               "on the shop)"),
+    answer_words: bool = typer.Option(False, help="with --answer-by-name: answer an option or button click by its "
+                                      "words after a space, as the task spells them (PolicyConfig.answer_words)"),
     decision_repeat: int = typer.Option(1, min=1, help="clone each decision step (the env's EnvSpec.decision_step: "
                                         "on the shop, an option click) this many times"),
     on_path: bool = typer.Option(False, "--on-path", help="clone each trajectory only up to its first detour (the "
@@ -46,8 +51,11 @@ def sft_cmd(
                         seed=seed, num_threads=threads)
     if action_format not in ("index", "typed", "text"):
         raise ValueError(f"--action-format {action_format!r}: index, typed or text")
+    if prompt not in ("full", "compact"):
+        raise typer.BadParameter(f"{prompt!r}: full or compact", param_hint="--prompt")
     policy_cfg = PolicyConfig(history_window=history_window, action_format=action_format,  # type: ignore[arg-type]
-                              answer_by_name=answer_by_name)
+                              answer_by_name=answer_by_name, prompt=prompt,  # type: ignore[arg-type]
+                              answer_words=answer_words)
     summary = train_bc(data, model, out, sft_cfg, policy_cfg, vocab_size, decision_repeat=decision_repeat,
                        on_path_only=on_path)
     keys = ("examples", "real_transitions", "epochs", "train_loss", "seconds")
