@@ -29,6 +29,12 @@ some option" is spread over option numbers or names and a single button wins gre
 word-level tokenizer, longer cloning and typed answers"). The labels come from the prompt's ``[id] type: text`` lines alone, so any env with abstract states
 gets them.
 
+``prompt="compact"`` shortens every step's prompt for small models: no system message, a long HISTORY action cut
+to 24 characters, and no listed click that a STATE line already shows by its text (answered by name, still cloned
+and still offered to guided decoding). ``answer_words`` (with ``answer_by_name``) answers such a click by its words
+after a space, ``<action> 12 oz</action>``: under a byte-level BPE those are the tokens the TASK line spells the
+same words with, so a small model can copy its answer from the task (README, "Shorter prompts and word answers").
+
 ``LLMPolicy.act`` keeps exactly what the model generated (prompt ids, response ids, per-token log-probs) for
 RL: nothing is re-tokenised between acting and training.
 """
@@ -95,7 +101,6 @@ class PolicyConfig(BaseModel):
                                "is_word_action) is answered by its words alone after a space, <action> 12 oz</action>: the "
                                "tokens the TASK line spells the same words with under a byte-level BPE (after "
                                "'click[' the same words are other tokens), so the answer can be copied from the task")
-
 
     @model_validator(mode="after")
     def _words_need_names(self) -> PolicyConfig:
@@ -164,8 +169,9 @@ def _history_action(action: str, cfg: PolicyConfig) -> str:
     """An action as HISTORY shows it: whole; with ``answer_words``, a word click as the words the agent answered
     (so a repeat of the last answer is the same tokens as its HISTORY entry); with ``prompt="compact"`` cut to
     24 characters (the task's search query is the TASK line again)."""
-    if cfg.answer_words and cfg.answer_by_name and _click_arg(action) is not None and is_word_action(action):
-        return _click_arg(action)  # type: ignore[return-value]
+    arg = _click_arg(action)
+    if cfg.answer_words and arg is not None and is_word_action(action):
+        return arg
     if cfg.prompt != "compact" or len(action) <= 24:
         return action
     return action[:22] + ("…]" if action.endswith("]") else "…")
@@ -244,9 +250,9 @@ def action_target(obs: AgentObservation, action: str, cfg: PolicyConfig, thought
         for option, label in zip(agent_options(obs, cfg), action_labels(obs, cfg), strict=True):
             if option.lower() == action.lower():
                 return format_action_target(label, thought)
-    if cfg.action_format == "index" and cfg.answer_by_name and cfg.answer_words and _click_arg(action) is not None \
-            and is_word_action(action):
-        return format_action_target(" " + _click_arg(action), thought)  # type: ignore[operator]
+    arg = _click_arg(action)
+    if cfg.answer_words and arg is not None and is_word_action(action):  # (answer_words implies index, by name)
+        return format_action_target(" " + arg, thought)
     if cfg.action_format == "index" and not (cfg.answer_by_name and is_word_action(action)):
         options = [a.lower() for a in listed_options(obs, cfg)]
         if action.lower() in options:
