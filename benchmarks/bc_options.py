@@ -50,7 +50,7 @@ from dreamgym.agent.policy import PolicyConfig, action_target, build_agent_promp
 from dreamgym.baselines.sft import bc_examples, init_model, on_path, read_data
 from dreamgym.envs import spec
 from dreamgym.envs.shop.pages import option_step, page_type
-from dreamgym.sft import SFTConfig, SFTExample, train_sft
+from dreamgym.sft import SFTConfig, SFTExample, encode_prompt, encode_target, train_sft
 from dreamgym.types import Trajectory, Transition
 
 try:  # run as a script (benchmarks/ on sys.path) or as benchmarks.bc_options
@@ -82,6 +82,8 @@ def main() -> None:
                     "RUN/curve/step-N (score them with benchmarks/policy_diag.py RUN/curve/step-*)")
     ap.add_argument("--label-mix", action="store_true", help="no training: count --data's cloned steps by page and "
                     "action kind, all of them and on-path only (what --on-path leaves out)")
+    ap.add_argument("--prompt-tokens", action="store_true", help="no training: the mean tokens (prompt and target, "
+                    "the init's tokenizer) of --data's examples, option examples and mixed stream in this format")
     ap.add_argument("--out")
     ap.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="no training: play both policies' greedy "
                     "episodes on the same --split tasks and print A - B success per task (paired bootstrap, sign test)")
@@ -110,7 +112,7 @@ def main() -> None:
     if args.label_mix:
         print(json.dumps(label_mix([t for t in read_data([args.data]) if t.success]), indent=1))
         return
-    if not args.data or not args.out:
+    if not args.data or not (args.out or args.prompt_tokens):
         ap.error("--data and --out are required to train (or --compare RUN_A RUN_B, or --export-curve RUN)")
     if not Path(args.data).is_file():
         ap.error(f"{args.data}: no such data file (dreamgym collect --policy noisy --noise 0.3 --env-arg "
@@ -134,6 +136,15 @@ def main() -> None:
     random.Random(args.seed).shuffle(mixed)
     print(json.dumps({"examples": len(examples), "option_examples": len(options), "mixed": len(mixed)}), flush=True)
     model, tok = init_model(args.init, trajs, mixed, None, args.seed)
+    if args.prompt_tokens:
+        def mean_tokens(exs: list[SFTExample]) -> float:
+            return round(sum(len(encode_prompt(tok, e.prompt)) + len(encode_target(tok, e.target)) for e in exs)
+                         / len(exs), 1)
+        plain, option = mean_tokens(examples), mean_tokens(options)
+        mixed_mean = (plain * len(examples) + option * len(options) * (args.option_repeat - 1)) / len(mixed)
+        print(json.dumps({"prompt": args.prompt, "answer_words": args.answer_words, "examples": plain,
+                          "option_examples": option, "mixed": round(mixed_mean, 1)}))
+        return
     run = Path(args.out)
     t0 = time.monotonic()
     stats = train_sft(model, tok, mixed, run / "model",
@@ -144,7 +155,7 @@ def main() -> None:
     save_policy(run, model, tok, cfg)
     summary = {"command": "python benchmarks/bc_options.py " + " ".join(
         f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in vars(args).items()
-        if v is not None and v is not False and k not in ("compare", "score", "against", "export_curve", "split", "episodes", "decoding", "label_mix")),
+        if v is not None and v is not False and k not in ("compare", "score", "against", "export_curve", "split", "episodes", "decoding", "label_mix", "prompt_tokens")),
         "examples": len(examples), "option_examples": len(options), "mixed_examples": len(mixed),
         "train_loss": stats.get("train_loss"), "epochs": stats.get("epochs"),
         "seconds": round(time.monotonic() - t0, 1)}

@@ -151,18 +151,25 @@ def listed_options(obs: AgentObservation, cfg: PolicyConfig) -> list[str]:
     ``prompt="compact"``, each action answered by its text that clicks a STATE line by that line's text (the line
     shows it already; ``action_target`` still clones it, and guided decoding still offers it)."""
     options = agent_options(obs, cfg)
-    by_name = cfg.action_format == "text" or (cfg.action_format == "index" and cfg.answer_by_name)
-    if cfg.prompt != "compact" or not by_name:
+    if cfg.prompt != "compact":
         return options
     texts = [text for _, text in state_elements(shown_state(obs, cfg))]
-    return [a for a in options if not (a.startswith("click[") and a.endswith("]") and
-                                       (cfg.action_format == "text" or is_word_action(a)) and
-                                       _names_element(a[6:-1].lower(), texts))]
+    return [a for a in options if not (answered_by_name(a, cfg) and _shows_click(a, texts))]
 
 
-def _names_element(arg: str, texts: Sequence[str]) -> bool:
-    """A STATE line shows ``arg``: its whole text, or an option's ``name=arg`` (selected or not)."""
-    return any(text == arg or text.removesuffix(" (selected)").endswith("=" + arg) for text in texts)
+def answered_by_name(action: str, cfg: PolicyConfig) -> bool:
+    """Whether the agent answers ``action`` with its text (or, with ``answer_words``, its words), not a number or a
+    label: every action in ``text`` format, a word action (:func:`is_word_action`) with ``answer_by_name``."""
+    return cfg.action_format == "text" or (cfg.action_format == "index" and cfg.answer_by_name and
+                                           is_word_action(action))
+
+
+def _shows_click(action: str, texts: Sequence[str]) -> bool:
+    """``action`` is ``click[x]`` and a STATE line's (lower-case) text shows ``x``: its whole text, or an option's
+    ``name=x`` (selected or not)."""
+    arg = _click_arg(action)
+    return arg is not None and any(text == arg.lower() or text.removesuffix(" (selected)").endswith("=" + arg.lower())
+                                   for text in texts)
 
 
 def _history_action(action: str, cfg: PolicyConfig) -> str:
@@ -170,7 +177,7 @@ def _history_action(action: str, cfg: PolicyConfig) -> str:
     (so a repeat of the last answer is the same tokens as its HISTORY entry); with ``prompt="compact"`` cut to
     24 characters (the task's search query is the TASK line again)."""
     arg = _click_arg(action)
-    if cfg.answer_words and arg is not None and is_word_action(action):
+    if cfg.answer_words and arg is not None and answered_by_name(action, cfg):
         return arg
     if cfg.prompt != "compact" or len(action) <= 24:
         return action
@@ -251,9 +258,9 @@ def action_target(obs: AgentObservation, action: str, cfg: PolicyConfig, thought
             if option.lower() == action.lower():
                 return format_action_target(label, thought)
     arg = _click_arg(action)
-    if cfg.answer_words and arg is not None and is_word_action(action):  # (answer_words implies index, by name)
+    if cfg.answer_words and arg is not None and answered_by_name(action, cfg):
         return format_action_target(" " + arg, thought)
-    if cfg.action_format == "index" and not (cfg.answer_by_name and is_word_action(action)):
+    if cfg.action_format == "index" and not answered_by_name(action, cfg):
         options = [a.lower() for a in listed_options(obs, cfg)]
         if action.lower() in options:
             return format_action_target(str(options.index(action.lower()) + 1), thought)
@@ -302,7 +309,8 @@ def env_action(text: str, obs: AgentObservation, cfg: PolicyConfig) -> str | Non
     too, so a policy is read the same way wherever it is trained."""
     action = parse_action(text)
     if action is not None and cfg.action_format == "index":
-        words = _ACTION_TAG.findall(text)[-1] if cfg.answer_words and _ACTION_TAG.search(text) else ""
+        tags = _ACTION_TAG.findall(text) if cfg.answer_words else []
+        words = tags[-1] if tags else ""
         if words.startswith(" ") and words.strip() and "[" not in words:  # answer_words: the click naming them
             action = next((a for a in agent_options(obs, cfg) if (_click_arg(a) or "").lower() == action.lower()),
                           action)

@@ -291,9 +291,9 @@ def answer_probe(model: Any, tokenizer: Any, per_skill: int = 64) -> dict[str, d
     a token on each space has more easy tokens); this is."""
     import random
 
-    rng = random.Random(PROBE_SEED + 1)  # one stream, skills in order: earlier skills' examples stay as they were
     from dreamgym.pretrain.corpus import example_of
 
+    rng = random.Random(PROBE_SEED + 1)  # one stream, skills in order: earlier skills' examples stay as they were
     return {skill: answer_accuracy(model, tokenizer, skill, [example_of(skill, rng) for _ in range(per_skill)])
             for skill in ANSWER_SPANS}
 
