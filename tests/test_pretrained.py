@@ -330,6 +330,84 @@ def test_match_examples_answer_the_option_the_task_names() -> None:
     assert 0.2 < cheats["random_option"] < 0.45 and 0.1 < cheats["first_unselected"] < 0.5
 
 
+def test_recipe_5_answers_agent_steps_in_the_shop_policys_word_format() -> None:
+    """Recipe 5's agent examples are in the format the shop policy clones (compact prompt, word answers): a match
+    answer is the named value after a space, which is how the task writes it, and the policy's own read-back
+    (``env_action``) turns it into the click the oracle took; the cheat answers are as far from it as in click form."""
+    import random
+
+    from dreamgym.agent.policy import action_target, build_agent_prompt, env_action
+    from dreamgym.pretrain.corpus import WORDS_CONFIG, example_of, match_baselines, match_step
+
+    rng = random.Random(5)
+    for _ in range(100):
+        obs, action = match_step(rng, compact=True)
+        target = action_target(obs, action, WORDS_CONFIG)
+        value = action.removeprefix("click[").removesuffix("]")
+        assert target == f"<action> {value}</action>", (target, action)
+        assert f" {value}" in " " + obs.instruction.lower().replace("=", " ").replace(",", " ")
+        assert env_action(target, obs, WORDS_CONFIG) == action
+        assert "system" not in [m["role"] for m in build_agent_prompt(obs, WORDS_CONFIG)]  # the compact prompt
+    streams = [itertools.islice(examples(0, "5"), 400), itertools.islice(examples(0, "4"), 400)]
+    words, clicks = ([e.target for e in s if e.target.startswith("<action>")] for s in streams)
+    assert any(t.startswith("<action> ") for t in words) and not any("click[" in t for t in words)
+    assert not any(t.startswith("<action> ") for t in clicks)
+    same = [match_baselines([example_of("match", random.Random(i), compact=True, words=w) for i in range(100)])
+            for w in (True, False)]
+    assert same[0] == same[1] and same[0]["random_option"] > 0.2
+
+
+def test_recipe_6_shows_finished_pages_answered_by_buying() -> None:
+    """Recipe 6's match skill: on a page where every option the task names is selected, the answer is the page's buy
+    button (read back by the policy as its click); otherwise a named value not yet selected, as in recipe 5."""
+    import random
+
+    from dreamgym.agent.policy import action_target, env_action
+    from dreamgym.pretrain.corpus import RECIPES, WORDS_CONFIG, match_baselines, match_step
+
+    rng = random.Random(6)
+    share = RECIPES["6"].match_finished
+    finished = 0
+    for _ in range(200):
+        obs, action = match_step(rng, compact=True, finished_share=share)
+        options = [line.split("option: ", 1)[1] for line in obs.state.splitlines() if "] option: " in line]
+        buttons = [line.split("button: ", 1)[1].lower() for line in obs.state.splitlines() if "] button: " in line]
+        value = action.removeprefix("click[").removesuffix("]")
+        if value in buttons:  # a finished page: every option value the task names is selected
+            finished += 1
+            named = [o for o in options if f" {o.split('=', 1)[1].removesuffix(' (selected)').lower()}" in
+                     f" {obs.instruction.lower().replace('=', ' ')}"]
+            assert named and all(o.endswith(" (selected)") for o in named), (obs.instruction, options)
+        else:
+            assert any(o.lower() == f"{o.split('=', 1)[0].lower()}={value}" for o in options), (options, value)
+        assert env_action(action_target(obs, action, WORDS_CONFIG), obs, WORDS_CONFIG) == action
+    assert 0.15 * 200 < finished < 0.35 * 200
+    from dreamgym.pretrain.corpus import example_of
+
+    cheats = match_baselines([example_of("match", random.Random(i), compact=True, words=True, finished_share=1.0)
+                              for i in range(50)])
+    assert cheats == {"random_option": 0.0, "first_unselected": 0.0}  # no option answers a finished page
+
+
+def test_warmups_stop_at_the_time_cap() -> None:
+    """The warm-ups obey the pre-training's time cap (a safety limit): past it they stop, and say so."""
+    import time
+
+    from transformers import AutoTokenizer
+
+    from dreamgym.llm.tiny import build_model, tiny_shape
+    from dreamgym.pretrain.train import skill_warmup
+
+    tokenizer = AutoTokenizer.from_pretrained(ASSET_DIR)
+    model = build_model(tiny_shape("micro"), tokenizer, seed=0)  # type: ignore[arg-type]
+    late = skill_warmup(model, tokenizer, "echo", steps=3, stream_seed=0, batch_size=2, max_length=512,
+                        deadline=time.monotonic() - 1)
+    assert late["steps"] == 0 and late["planned_steps"] == 3 and late["time_cap_fired"]
+    on_time = skill_warmup(model, tokenizer, "echo", steps=2, stream_seed=0, batch_size=2, max_length=512,
+                           deadline=time.monotonic() + 600)
+    assert on_time["steps"] == 2 and not on_time["time_cap_fired"]
+
+
 def test_match_warmup_is_seeded_and_reports_whole_answers() -> None:
     """The match warm-up trains on match examples only, is seeded like the copy warm-up, and reports the held-out
     share of answers predicted whole beside the majority answer's (a fresh model: neither near 1)."""
@@ -373,6 +451,8 @@ STREAM_SHA256 = {
     "2": "e6fa31f336ce5791498644eba08b1511582c2d091702447834d0f95924adc7f3",
     "3": "241838e125befd754b3b7a8a00df0c3997bbc0c94f67593d8c9de1d05c10d587",
     "4": "bc59ba8dcbc470ec65dbe5d603bdcc1ed7304198aeb9286dd51182db22443e7e",
+    "5": "82aae6e8567d4e350d729c417e67f97feacd86fee2d7c243c86d12d82fba642f",
+    "6": "18e313dc0b9f65ff0c7d02a4fb8d3d2638441e8c30cf806e6474d5defb35f373",
     "probe": "6b03d890c52c93011baf41cd905ecf1227ca43a844d2848cdc661234d2b4a811",
 }
 

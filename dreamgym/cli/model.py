@@ -56,7 +56,8 @@ def pretrain(
                                     "a fresh initialisation; its shape and tokenizer are kept"),
     corpus_version: str = typer.Option("1", help="corpus recipe (dreamgym.pretrain.corpus.RECIPES): 1 (the "
                                        "shipped base's), 2 (a recurring site pool), 3 (2 + a made-up lexicon), "
-                                       "4 (compact sites + echo)"),
+                                       "4 (compact sites + echo), 5 (4 + the option match, agent examples answered "
+                                       "by their words), 6 (5 + finished item pages: buy)"),
     group_by_length: bool = typer.Option(False, help="batch examples of similar length (less padding, faster)"),
     induction_steps: int = typer.Option(0, min=0, help="steps of the procedural copy warm-up (random tokens shown "
                                         "twice) before the corpus, on a fresh model"),

@@ -61,6 +61,8 @@ class Recipe:
     lexicon: int = 0  # words drawn once from the seed, every word then taken whole from them; 0: spelt afresh
     rng_tag: str = "1"  # the stream's RNG is seeded from "dreamgym-corpus-v<rng_tag>-<seed>"
     compact: bool = False  # short examples: smaller sites, shorter words, mostly no system text (more steps a token)
+    agent_words: bool = False  # agent examples in the shop policy's compact prompt, options answered by their words
+    match_finished: float = 0.0  # share of match examples whose named options are all selected: the answer is buy
 
 
 # The agent share is smaller: choosing is one token, copying is many.
@@ -75,6 +77,11 @@ _SKILLS_V2 = {"open": 0.22, "select": 0.14, "buy": 0.16, "search": 0.08, "detail
 # (0.50 -> 0.60 after 1,928 steps) and no other; the 128x4 still does not copy (README, "The pre-trained base").
 _SKILLS_V4 = {"echo": 0.16, "open": 0.22, "select": 0.12, "buy": 0.14, "search": 0.05, "detail": 0.04,
               "invalid": 0.07, "world": 0.08, "choose": 0.12}
+# Recipe 4 with the option match in the mixture (a match warm-up alone is forgotten in recipe 4's mixture: README,
+# "A match-first curriculum"), its agent examples in the format the shop policy now clones (a compact prompt, an
+# option answered by its words after a space: the task's own tokens, PolicyConfig.answer_words).
+_SKILLS_V5 = {"echo": 0.14, "open": 0.20, "select": 0.11, "buy": 0.14, "search": 0.05, "detail": 0.04,
+              "invalid": 0.06, "world": 0.08, "choose": 0.08, "match": 0.10}
 RECIPES: dict[str, Recipe] = {
     # The shipped base's: every example on a fresh site, every word spelt afresh from ~34x10x13 syllables.
     "1": Recipe(_SKILLS_V1),
@@ -86,6 +93,13 @@ RECIPES: dict[str, Recipe] = {
     "3": Recipe(_SKILLS_V2, site_pool=256, fresh_site_share=0.25, lexicon=1500, rng_tag="2"),
     # Copy first (above), on compact sites from a pool of 256, a quarter fresh.
     "4": Recipe(_SKILLS_V4, site_pool=256, fresh_site_share=0.25, rng_tag="4", compact=True),
+    # 4 with the option match in the mixture, agent examples in the compact word-answer format (above).
+    "5": Recipe(_SKILLS_V5, site_pool=256, fresh_site_share=0.25, rng_tag="5", compact=True, agent_words=True),
+    # 5 where a quarter of the match examples show a page whose named options are all selected, answered by buying:
+    # a policy cloned from a base warmed up on recipe 5's match alone re-clicked its last option instead of buying
+    # (README, "A base pre-trained on a GPU").
+    "6": Recipe(_SKILLS_V5, site_pool=256, fresh_site_share=0.25, rng_tag="6", compact=True, agent_words=True,
+                match_finished=0.25),
 }
 CORPUS_VERSION = "1"  # the default recipe (the shipped base's)
 SKILLS = _SKILLS_V1
@@ -512,23 +526,29 @@ def choose_step(site: Site, wish: Wish, rng: random.Random) -> tuple[AgentObserv
 # The shop policy's answer format (dreamgym.envs' shop spec): numbered actions, an option or button click answered
 # as its text (PolicyConfig.answer_by_name).
 MATCH_CONFIG = PolicyConfig(action_format="index", offer_task_search=True, answer_by_name=True)
+# Recipe 5's: the shop policy's compact prompt, an option or button answered by its words (`<action> vorla</action>`).
+WORDS_CONFIG = PolicyConfig(action_format="index", offer_task_search=True, answer_by_name=True, prompt="compact",
+                            answer_words=True)
 _OPTION_PHRASES = ["with {k} {v}", "with {k}={v}", "in {v}", "{v}", "{k}: {v}", "in {k} {v}"]
 
 
-def match_step(rng: random.Random, compact: bool = False) -> tuple[AgentObservation, str]:
+def match_step(rng: random.Random, compact: bool = False, finished_share: float = 0.0) -> tuple[AgentObservation, str]:
     """An agent step on an item page whose task names option values: the answer is the first named value not yet
     selected, written as its click (``<action>click[vorla]</action>``). The task words, option names and values
     are made up afresh every time and the named value's rank among the page's options is uniform, so nothing but
     finding which listed value appears in the task predicts the answer: the content match the shop policy's
-    option choice needs and a 1.3M base does not learn in the mixture (README, "A match-first curriculum")."""
+    option choice needs and a 1.3M base does not learn in the mixture (README, "A match-first curriculum").
+    With probability ``finished_share`` every named value is selected already and the answer is the buy button
+    (no draw is made when it is 0, so recipes 4 and 5 keep their streams)."""
     site = Site.random(rng, compact)
     while not site.options:
         site = Site.random(rng, compact)
     it = rng.choice(site.items)
     names = [n for n in site.options if rng.random() < 0.7] or [rng.choice(list(site.options))]
     wished = {n: rng.choice(site.options[n]) for n in names}
-    selected = {n: v for n, v in wished.items() if rng.random() < 0.3}
-    if selected == wished:  # at least one named value is left to click
+    finished = finished_share > 0 and rng.random() < finished_share
+    selected = dict(wished) if finished else {n: v for n, v in wished.items() if rng.random() < 0.3}
+    if selected == wished and not finished:  # at least one named value is left to click
         del selected[rng.choice(list(selected))]
     for n in site.options:  # another value of an unnamed option may be selected already
         if n not in wished and rng.random() < 0.3:
@@ -539,7 +559,8 @@ def match_step(rng: random.Random, compact: bool = False) -> tuple[AgentObservat
         rng.choice([" and ", ", "]).join(phrases)
     els = site.item_page(it, selected)
     actions = _item_actions(els)
-    answer = next(f"click[{v.lower()}]" for n, v in wished.items() if selected.get(n) != v)
+    answer = f"click[{site.buy.lower()}]" if finished else \
+        next(f"click[{v.lower()}]" for n, v in wished.items() if selected.get(n) != v)
     return AgentObservation(instruction, _render(els), actions, [("", f"click[{it.code.lower()}]")]), answer
 
 
@@ -552,10 +573,12 @@ def match_baselines(examples: Iterable[SFTExample]) -> dict[str, float]:
         prompt = ex.prompt if isinstance(ex.prompt, str) else "\n".join(m["content"] for m in ex.prompt)
         lines = prompt.splitlines()
         options = [line.split("] option: ", 1)[1] for line in lines if "] option: " in line]
-        answer = ex.target.removeprefix("<action>click[").removesuffix("]</action>")
+        answer = ex.target.removeprefix("<action>").removesuffix("</action>")
+        answer = answer.removeprefix("click[").removesuffix("]") if answer.startswith("click[") else answer.strip()
         unselected = [o.split("=", 1)[1].lower() for o in options if not o.endswith(" (selected)")]
-        rand += 1 / len(options)
-        first += unselected[0] == answer
+        values = {o.removesuffix(" (selected)").split("=", 1)[1].lower() for o in options}
+        rand += 1 / len(options) if answer in values else 0.0  # a finished page's answer (buy) is no option
+        first += bool(unselected) and unselected[0] == answer
         n += 1
     return {"random_option": round(rand / n, 4), "first_unselected": round(first / n, 4)}
 
@@ -588,24 +611,28 @@ def example(rng: random.Random, pool: list[Site] | None = None, recipe: Recipe =
     """One example of a skill drawn by the recipe's shares, on a site of ``pool`` (or, for the recipe's
     ``fresh_site_share`` of them and when there is no pool, on a fresh one)."""
     skill = rng.choices(list(recipe.skills), weights=list(recipe.skills.values()))[0]
-    return example_of(skill, rng, pool, recipe.fresh_site_share, recipe.compact)
+    return example_of(skill, rng, pool, recipe.fresh_site_share, recipe.compact, recipe.agent_words,
+                      recipe.match_finished)
 
 
 def example_of(skill: str, rng: random.Random, pool: list[Site] | None = None, fresh_share: float = 0.0,
-               compact: bool = False) -> SFTExample:
-    """One example of ``skill`` (see :func:`example`)."""
+               compact: bool = False, words: bool = False, finished_share: float = 0.0) -> SFTExample:
+    """One example of ``skill`` (see :func:`example`); ``words``: agent examples in :data:`WORDS_CONFIG`'s format;
+    ``finished_share``: :func:`match_step`'s."""
     if skill == "world":
         return _exp_example(step_world(rng), rng, compact)
     if skill == "echo":
         return _exp_example(step_echo(rng), rng, compact)
     if skill == "match":
-        obs, action = match_step(rng, compact)
-        return SFTExample(build_agent_prompt(obs, MATCH_CONFIG), action_target(obs, action, MATCH_CONFIG))
+        obs, action = match_step(rng, compact, finished_share)
+        cfg = WORDS_CONFIG if words else MATCH_CONFIG
+        return SFTExample(build_agent_prompt(obs, cfg), action_target(obs, action, cfg))
     site = rng.choice(pool) if pool and rng.random() >= fresh_share else Site.random(rng, compact)
     wish = _wish(site, rng.choice(site.items), rng)
     if skill == "choose":
         obs, action = choose_step(site, wish, rng)
-        return SFTExample(build_agent_prompt(obs, AGENT_CONFIG), action_target(obs, action, AGENT_CONFIG))
+        cfg = WORDS_CONFIG if words else AGENT_CONFIG
+        return SFTExample(build_agent_prompt(obs, cfg), action_target(obs, action, cfg))
     return _exp_example(STEP_MAKERS[skill](site, wish, rng), rng, compact)
 
 

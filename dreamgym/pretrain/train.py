@@ -108,7 +108,7 @@ def induction_warmup(model: Any, tokenizer: Any, steps: int, seed: int, batch_si
         return {"input_ids": ids, "labels": labels}
 
     held_out = rows(64, torch.Generator().manual_seed(seed + 1))
-    loss = _warmup(model, lambda: rows(batch_size, gen), steps, learning_rate, "induction warm-up")
+    loss, _ = _warmup(model, lambda: rows(batch_size, gen), steps, learning_rate, "induction warm-up")
     return {"steps": steps, "batch_size": batch_size, "learning_rate": learning_rate, "length": list(length),
             "final_loss": round(loss, 4), "repeat_accuracy": round(_target_accuracy(model, held_out), 4)}
 
@@ -117,7 +117,7 @@ COPY_SEED_OFFSET = 3_000_017  # the copy warm-up's echo stream: neither a traini
 
 
 def copy_warmup(model: Any, tokenizer: Any, steps: int, seed: int, version: str = "4", batch_size: int = 16,
-                learning_rate: float = 2e-3, max_length: int = 768) -> dict[str, Any]:
+                learning_rate: float = 2e-3, max_length: int = 768, deadline: float | None = None) -> dict[str, Any]:
     """A warm-up in the corpus's own format before the mixture: ``echo`` examples only (an action naming nothing on
     a page of random fields; the page, unchanged, is the target: :func:`~dreamgym.pretrain.corpus.step_echo`),
     masked SFT loss on the target.
@@ -130,7 +130,7 @@ def copy_warmup(model: Any, tokenizer: Any, steps: int, seed: int, version: str 
     carry. Seeded; returns the steps, the final loss and the held-out echo token accuracy (teacher-forced; the copy
     probe's ``echo`` is the same measure on the probe's set)."""
     report = skill_warmup(model, tokenizer, "echo", steps, seed + COPY_SEED_OFFSET, version, batch_size,
-                          learning_rate, max_length)
+                          learning_rate, max_length, deadline)
     report["echo_accuracy"] = report.pop("target_accuracy")
     return report
 
@@ -139,7 +139,7 @@ MATCH_SEED_OFFSET = 4_000_037  # the match warm-up's stream: neither a training,
 
 
 def match_warmup(model: Any, tokenizer: Any, steps: int, seed: int, version: str = "4", batch_size: int = 16,
-                 learning_rate: float = 2e-3, max_length: int = 768) -> dict[str, Any]:
+                 learning_rate: float = 2e-3, max_length: int = 768, deadline: float | None = None) -> dict[str, Any]:
     """A warm-up on ``match`` examples only (:func:`~dreamgym.pretrain.corpus.match_step`: click the option value
     an item page lists and the task names), after the copy warm-up and before the mixture: the content match the
     shop policy's option choice needs, taught alone as echo taught copying alone. Returns what
@@ -150,18 +150,20 @@ def match_warmup(model: Any, tokenizer: Any, steps: int, seed: int, version: str
 
     from dreamgym.pretrain.corpus import RECIPES, example_of, match_baselines
 
-    compact = RECIPES[version].compact
+    recipe = RECIPES[version]
     report = skill_warmup(model, tokenizer, "match", steps, seed + MATCH_SEED_OFFSET, version, batch_size,
-                          learning_rate, max_length)
+                          learning_rate, max_length, deadline)
     rng = random.Random(seed + MATCH_SEED_OFFSET + 1)
-    held_out = [example_of("match", rng, compact=compact) for _ in range(64)]
+    held_out = [example_of("match", rng, compact=recipe.compact, words=recipe.agent_words,
+                           finished_share=recipe.match_finished) for _ in range(64)]
     report.update(answer_accuracy(model, tokenizer, "match", held_out))
     report.update(match_baselines(held_out))
     return report
 
 
 def skill_warmup(model: Any, tokenizer: Any, skill: str, steps: int, stream_seed: int, version: str = "4",
-                 batch_size: int = 16, learning_rate: float = 2e-3, max_length: int = 768) -> dict[str, Any]:
+                 batch_size: int = 16, learning_rate: float = 2e-3, max_length: int = 768,
+                 deadline: float | None = None) -> dict[str, Any]:
     """``steps`` of masked SFT on corpus examples of one ``skill`` (fresh sites, the recipe ``version``'s
     compactness), drawn from ``stream_seed``; returns the steps, the final loss and the held-out target token
     accuracy (teacher-forced, on 32 examples of the next stream)."""
@@ -169,15 +171,17 @@ def skill_warmup(model: Any, tokenizer: Any, skill: str, steps: int, stream_seed
 
     from dreamgym.pretrain.corpus import RECIPES, example_of
 
-    compact = RECIPES[version].compact
+    recipe = RECIPES[version]
 
     def batch(rng: random.Random, n: int) -> dict[str, Any]:
-        return echo_batch(tokenizer, [example_of(skill, rng, compact=compact) for _ in range(n)], max_length)
+        return echo_batch(tokenizer, [example_of(skill, rng, compact=recipe.compact, words=recipe.agent_words,
+                                                 finished_share=recipe.match_finished) for _ in range(n)], max_length)
 
     rng = random.Random(stream_seed)
     held_out = batch(random.Random(stream_seed + 1), 32)
-    loss = _warmup(model, lambda: batch(rng, batch_size), steps, learning_rate, f"{skill} warm-up")
-    return {"skill": skill, "steps": steps, "batch_size": batch_size, "learning_rate": learning_rate,
+    loss, done = _warmup(model, lambda: batch(rng, batch_size), steps, learning_rate, f"{skill} warm-up", deadline)
+    return {"skill": skill, "steps": done, "planned_steps": steps, "time_cap_fired": done < steps,
+            "batch_size": batch_size, "learning_rate": learning_rate,
             "corpus_version": version, "final_loss": round(loss, 4),
             "target_accuracy": round(_target_accuracy(model, held_out), 4)}
 
@@ -192,11 +196,26 @@ def echo_batch(tokenizer: Any, examples: Any, max_length: int) -> dict[str, Any]
     return MaskedCollator(tokenizer.pad_token_id)(rows)
 
 
+def _on_model(model: Any, tensors: dict[str, Any]) -> dict[str, Any]:
+    """``tensors`` on ``model``'s device (a GPU where the warm-ups or the trainer put it; the CPU otherwise, and for
+    a stand-in without one, such as the tests' oracle)."""
+    device = getattr(model, "device", "cpu")
+    return {k: v.to(device) for k, v in tensors.items()}
+
+
+def _train_device() -> str:
+    """Where the warm-ups train: the GPU when one is visible, as the HF Trainer of the mixture does."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _target_accuracy(model: Any, batch: dict[str, Any]) -> float:
     """Teacher-forced next-token accuracy of ``model`` on ``batch``'s labelled positions."""
     import torch
 
     model.eval()
+    batch = _on_model(model, batch)
     with torch.no_grad():
         pred = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[:, :-1].argmax(-1)
     labels = batch["labels"][:, 1:]
@@ -204,24 +223,32 @@ def _target_accuracy(model: Any, batch: dict[str, Any]) -> float:
     return float(((pred == labels) & scored).sum() / scored.sum())
 
 
-def _warmup(model: Any, next_batch: Any, steps: int, learning_rate: float, name: str) -> float:
-    """The warm-ups' loop over ``next_batch()`` (model inputs with labels): AdamW, 50 linear warm-up steps then a
-    constant rate, clipped gradients, a progress bar; returns the last loss."""
+def _warmup(model: Any, next_batch: Any, steps: int, learning_rate: float, name: str,
+            deadline: float | None = None) -> tuple[float, int]:
+    """The warm-ups' loop over ``next_batch()`` (model inputs with labels), on the GPU when one is visible: AdamW,
+    50 linear warm-up steps then a constant rate, clipped gradients, a progress bar; stops early at ``deadline``
+    (``time.monotonic()``: the pre-training's time cap, a safety limit). Returns the last loss and the steps run."""
     import torch
     from tqdm.auto import tqdm
 
+    model.to(_train_device())
     opt = torch.optim.AdamW(model.parameters(), lr=learning_rate, betas=(0.9, 0.95), weight_decay=0.0)
     model.train()
     loss = torch.tensor(float("nan"))
+    done = 0
     for step in tqdm(range(1, steps + 1), desc=name, unit="step", mininterval=10):
+        if deadline is not None and time.monotonic() >= deadline:
+            log.warning("%s: time cap reached at step %d of %d: stopping", name, done, steps)
+            break
         for group in opt.param_groups:
             group["lr"] = learning_rate * min(1.0, step / 50)
-        loss = model(**next_batch()).loss
+        loss = model(**_on_model(model, next_batch())).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad()
-    return float(loss.detach())
+        done = step
+    return float(loss.detach()), done
 
 
 def _warmup_record(path: Path, run_now: bool, num_threads: int | None, run: Any) -> dict[str, Any] | None:
@@ -269,8 +296,8 @@ def copy_probe(model: Any, tokenizer: Any, per_skill: int = PROBE_PER_SKILL) -> 
                 ex = example_of(skill, rng)
                 prompt = encode_prompt(tokenizer, ex.prompt)
                 target = tokenizer(ex.target, add_special_tokens=False).input_ids
-                ids = torch.tensor([prompt + target])
-                pred = model(ids).logits[0, len(prompt) - 1 : -1].argmax(-1)
+                ids = _on_model(model, {"ids": torch.tensor([prompt + target])})["ids"]
+                pred = model(ids).logits[0, len(prompt) - 1 : -1].argmax(-1).cpu()
                 right += int((pred == torch.tensor(target)).sum())
                 total += len(target)
             out[skill] = round(right / total, 4)
@@ -317,7 +344,8 @@ def answer_accuracy(model: Any, tokenizer: Any, skill: str, examples: list[SFTEx
             enc = tokenizer(ex.target, add_special_tokens=False, return_offsets_mapping=True)
             target = enc.input_ids
             span = [i for i, (a, b) in enumerate(enc.offset_mapping) if a < end and b > start]
-            pred = model(torch.tensor([prompt + target])).logits[0, len(prompt) - 1 : -1].argmax(-1)
+            ids = _on_model(model, {"ids": torch.tensor([prompt + target])})["ids"]
+            pred = model(ids).logits[0, len(prompt) - 1 : -1].argmax(-1).cpu()
             right += all(int(pred[i]) == target[i] for i in span)
     n = len(examples)
     return {"accuracy": round(right / n, 4), "majority": round(answers.most_common(1)[0][1] / n, 4)}
@@ -399,12 +427,13 @@ def pretrain_base(
         model = build_model(preset, tokenizer, seed=seed)  # type: ignore[arg-type]  # a fast tokenizer either way
         warmup = _warmup_record(out / "induction_warmup.json", induction_steps > 0 and not resuming, num_threads,
                                 lambda: induction_warmup(model, tokenizer, induction_steps, seed))
+    deadline = None if time_cap_s is None else t0 + time_cap_s  # the cap covers the warm-ups too
     copy = _warmup_record(out / "copy_warmup.json", copy_steps > 0 and not resuming, num_threads,
                           lambda: copy_warmup(model, tokenizer, copy_steps, seed, corpus_version, batch_size,
-                                              max_length=max_length))
+                                              max_length=max_length, deadline=deadline))
     match = _warmup_record(out / "match_warmup.json", match_steps > 0 and not resuming, num_threads,
                            lambda: match_warmup(model, tokenizer, match_steps, seed, corpus_version, batch_size,
-                                                max_length=max_length))
+                                                max_length=max_length, deadline=deadline))
     steps = math.ceil(len(corpus) / batch_size)
     cfg = SFTConfig(epochs=1.0, max_steps=steps, learning_rate=learning_rate, batch_size=batch_size,
                     max_length=max_length, warmup_ratio=min(1.0, warmup_steps / steps), logging_steps=50,
@@ -438,7 +467,7 @@ def pretrain_base(
         "match_warmup": match,
         "copy_probe": copy_probe(model, tokenizer),
         "answer_probe": answer_probe(model, tokenizer),
-        "time_cap_fired": done_steps < steps,
+        "time_cap_fired": done_steps < steps or any(bool(w and w.get("time_cap_fired")) for w in (copy, match)),
         "train_loss": stats["train_loss"],
         "train_seconds": stats["seconds"],
         "prep_seconds": round(prep_s, 1),
