@@ -170,6 +170,8 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=200)
     parser.add_argument("--option-data", type=Path, default=None, help="trajectories for the option ranking")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--show-stalls", type=int, default=0, metavar="N",
+                        help="print the actions of each run's first N no_buy episodes (right options, never bought)")
     args = parser.parse_args()
     env_kwargs = {"val_fraction": 0.1} if args.split == "val" else {}
     env = make("shop", **env_kwargs)
@@ -186,7 +188,10 @@ def main() -> None:
         policy = load_policy(run)
         played = run_eval_episodes(policy, env_factory("shop", **env_kwargs), args.split, args.episodes,
                                    seed=0, greedy=True, max_steps=15, num_envs=64)
-        out["rows"][str(run)] = breakdown([e.to_trajectory("llm") for e in played], env)
+        trajs = [e.to_trajectory("llm") for e in played]
+        out["rows"][str(run)] = breakdown(trajs, env)
+        for t in [t for t in trajs if phase(t, env) == "no_buy"][: args.show_stalls]:
+            print(f"{run} no_buy {t.task.task_id}:", [x.action for x in t.transitions], flush=True)
         if option_trajs:
             out["rows"][str(run)]["option_ranking"] = option_ranking(policy, option_trajs)
         print(run, json.dumps(out["rows"][str(run)]), flush=True)

@@ -7,11 +7,11 @@
 #   run(command="bash benchmarks/gpu/pretrain_base.sh", carry=[".whl"], timeout_s=590)
 # Each variant is "NAME PRESET CORPUS COPY_STEPS MATCH_STEPS TOKENS"; CAP (seconds) is every process's safety limit
 # (its warm-ups and mixture stop there; the manifest says whether it fired). The manifest holds the copy probe and
-# the answer probe; downstream checks run on the CPU (README, "A base pre-trained on a GPU").
+# the answer probe; downstream checks run on the CPU (README, "A base warmed up on a GPU").
 # Locally, `VARIANTS="t 64x2 5 3 3 20000" CAP=60 bash benchmarks/gpu/pretrain_base.sh` checks the script.
 set -uo pipefail
 cd "$(git rev-parse --show-toplevel)"
-# Measured on the H200 (2026-12-04, three processes at once: README, "A base pre-trained on a GPU"): a warm-up step
+# Measured on the H200 (2026-12-04, three processes at once: README, "A base warmed up on a GPU"): a warm-up step
 # of a 128x4 took ~45-50 ms (the processes share the GPU by time slices, and each makes its batches on the CPU),
 # and 24M corpus tokens took 110-120 s to prepare; the warm-ups then used the whole cap and the mixture ran 1 step.
 # So the default is one process on recipe 6 (recipe 5 plus finished pages answered by buying), with the warm-ups
