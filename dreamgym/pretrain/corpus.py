@@ -97,7 +97,7 @@ RECIPES: dict[str, Recipe] = {
     "5": Recipe(_SKILLS_V5, site_pool=256, fresh_site_share=0.25, rng_tag="5", compact=True, agent_words=True),
     # 5 where a quarter of the match examples show a page whose named options are all selected, answered by buying:
     # a policy cloned from a base warmed up on recipe 5's match alone re-clicked its last option instead of buying
-    # (README, "A base pre-trained on a GPU").
+    # (README, "A base warmed up on a GPU").
     "6": Recipe(_SKILLS_V5, site_pool=256, fresh_site_share=0.25, rng_tag="6", compact=True, agent_words=True,
                 match_finished=0.25),
 }
