@@ -12,7 +12,7 @@
 set -uo pipefail
 cd "$(git rev-parse --show-toplevel)"
 # Measured on the H200 (2026-12-04, three processes at once: README, "A base warmed up on a GPU"): a warm-up step
-# of a 128x4 took ~45-50 ms (the processes share the GPU by time slices, and each makes its batches on the CPU),
+# of a 128x4 took ~45-50 ms (three processes on one GPU, each making its batches on the CPU),
 # and 24M corpus tokens took 110-120 s to prepare; the warm-ups then used the whole cap and the mixture ran 1 step.
 # So the default is one process on recipe 6 (recipe 5 plus finished pages answered by buying), with the warm-ups
 # and the mixture sized to fit the cap together even at ~50 ms a step (not run yet).
