@@ -13,7 +13,7 @@ import pytest
 
 from dreamgym.bench import parse_seeds
 from dreamgym.pipeline import DEFAULT_ROWS, active_stages, demo_config, parse_rows
-from dreamgym.stats import bootstrap_ci, paired_bootstrap_ci, sign_test
+from dreamgym.stats import bootstrap_ci, paired_bootstrap_ci, sign_test, wilson_interval
 
 
 def test_sign_test_known_values() -> None:
@@ -24,6 +24,17 @@ def test_sign_test_known_values() -> None:
     assert sign_test([1] * 6, [0] * 6)["p"] == pytest.approx(2 / 64)
     assert sign_test([1, 0, 1], [0, 1, 1])["p"] == 1.0  # balanced: p capped at 1
     assert sign_test([0.5, 0.5], [0.5, 0.5])["p"] == 1.0  # no discordant pair
+
+
+def test_wilson_interval_known_values() -> None:
+    # 28 of 64 and 370 of 420: the values statsmodels' proportion_confint(method="wilson") gives
+    assert wilson_interval(28, 64) == pytest.approx((0.32294, 0.55914), abs=1e-5)
+    assert wilson_interval(370, 420) == pytest.approx((0.84648, 0.90852), abs=1e-5)
+    low, high = wilson_interval(0, 20)
+    assert low == 0.0 and 0.1 < high < 0.2  # never below 0, and not empty at 0 successes
+    assert wilson_interval(20, 20)[1] == 1.0
+    with pytest.raises(ValueError):
+        wilson_interval(5, 0)
 
 
 def test_bootstrap_ci_constant_and_spread() -> None:
