@@ -24,6 +24,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from dreamgym.llm.pretrained import resolve_model
     from dreamgym.pretrain.corpus import example_of, match_baselines
     from dreamgym.pretrain.train import answer_accuracy
 
@@ -33,8 +34,6 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    from dreamgym.llm.pretrained import resolve_model
-
     paths = {base: resolve_model(base) for base in args.bases}  # 'pretrained' is the shipped base
     for base, path in paths.items():
         if not (Path(path) / "config.json").is_file():
