@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dreamgym.pipeline import demo_config
+from dreamgym.pipeline import DemoConfig, demo_config
+from dreamgym.sft import SFTConfig
 
 
 def run_demo(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -110,3 +111,18 @@ def test_textworld_bench_configs_load_and_weigh_terminal_steps() -> None:
     kinds = step_kinds([traj])
     assert kinds == ["state", "state:success"]
     assert mix(["look", "eat"], kinds, dict(exp.mixture or {})) == ["look", "eat", "eat", "eat"]  # type: ignore[arg-type]
+
+
+def test_shop_bench_config_is_the_600s_recipe_over_the_demo() -> None:
+    """configs/shop-bench.yaml validates and changes the policy's warm start only: the compact prompt with word
+    answers, on-path cloning with option steps x12, 2,100 steps of 16 at lr 2e-3 (bc_options.py's recipe); every
+    M_exp, RL and dream field stays the demo's default, so the bench's rows differ from the demo's by the SFT alone."""
+    root = Path(__file__).resolve().parent.parent / "configs"
+    cfg = demo_config("default", None, root / "shop-bench.yaml")
+    default = demo_config("default")
+    assert cfg.policy == {**default.policy, "prompt": "compact", "answer_words": True}
+    assert (cfg.bc_decision_repeat, cfg.bc_on_path) == (12, True)
+    sft = SFTConfig(**cfg.sft)
+    assert (sft.max_steps, sft.batch_size, sft.learning_rate, sft.group_by_length) == (2100, 16, 2e-3, True)
+    changed = {k for k in DemoConfig.model_fields if getattr(cfg, k) != getattr(default, k)}
+    assert changed == {"policy", "bc_decision_repeat", "bc_on_path", "sft"}
