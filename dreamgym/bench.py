@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from dreamgym.pipeline import ROWS, DemoConfig, demo_config, parse_rows, run_demo
+from dreamgym.pipeline import ABLATION_ROWS, ROWS, DemoConfig, demo_config, parse_rows, run_demo
 from dreamgym.report import write_bench_report
 from dreamgym.stats import RESAMPLES, SEED, bootstrap_ci, paired_bootstrap_ci, sign_test
 
@@ -118,6 +118,7 @@ def summarize_bench(runs: dict[int, Path], rows: Sequence[str], resamples: int =
     """Each row's numbers over the seeds' run dirs (``runs``: seed -> RUN); the rows of a seed must have played the
     same tasks in the same order (a ValueError otherwise)."""
     tasks = {s: _per_task(run, "sft") for s, run in runs.items()}
+    full = {s: _per_task(run, "dreamgym") for s, run in runs.items()} if "dreamgym" in rows else None
     out = []
     for row in rows:
         markers = {s: json.loads((run / "stages" / f"{row}.json").read_text()) for s, run in runs.items()}
@@ -140,18 +141,27 @@ def summarize_bench(runs: dict[int, Path], rows: Sequence[str], resamples: int =
             "per_task": {f"seed{s}": per_task[s] for s in runs},
         }
         if row != "sft":
-            sft_success = [[float(t["success"]) for t in tasks[s]] for s in runs]
-            sft_reward = [[float(t["reward"]) for t in tasks[s]] for s in runs]
-            flat = [x for xs in success for x in xs], [x for xs in sft_success for x in xs]
-            flat_r = [x for xs in reward for x in xs], [x for xs in sft_reward for x in xs]
-            sign, sign_r = sign_test(*flat), sign_test(*flat_r)
-            entry["vs_sft"] = {
-                "diff": paired_bootstrap_ci(success, sft_success, resamples, seed), "sign_test_p": sign["p"],
-                "better": sign["a_better"], "worse": sign["b_better"],
-                "reward_diff": paired_bootstrap_ci(reward, sft_reward, resamples, seed),
-                "reward_sign_test_p": sign_r["p"],
-            }
+            entry["vs_sft"] = _paired(per_task, tasks, resamples, seed)
+        if row in ABLATION_ROWS and full is not None:  # the component's effect: DreamGym minus this row
+            entry["vs_dreamgym"] = _paired(per_task, full, resamples, seed)
         out.append(entry)
+    return out
+
+
+def _paired(rows: dict[int, list[dict[str, Any]]], ref: dict[int, list[dict[str, Any]]], resamples: int,
+            seed: int) -> dict[str, Any]:
+    """``rows`` minus ``ref`` on the same tasks (seed -> per-task results): paired bootstrap CIs of the success and
+    reward differences and two-sided exact sign tests on the tasks where they differ."""
+    def column(per_task: dict[int, list[dict[str, Any]]], key: str) -> list[list[float]]:
+        return [[float(t[key]) for t in per_task[s]] for s in rows]
+
+    out: dict[str, Any] = {}
+    for key, prefix in (("success", ""), ("reward", "reward_")):
+        a, b = column(rows, key), column(ref, key)
+        sign = sign_test([x for xs in a for x in xs], [x for xs in b for x in xs])
+        out |= {f"{prefix}diff": paired_bootstrap_ci(a, b, resamples, seed), f"{prefix}sign_test_p": sign["p"]}
+        if key == "success":
+            out |= {"better": sign["a_better"], "worse": sign["b_better"]}
     return out
 
 
@@ -192,7 +202,22 @@ def write_markdown(path: Path, bench: dict[str, Any]) -> None:
     if base:
         lines += ["", f"Trivial baseline (a random policy on the same test tasks): success {_ci(base['success_rate'])}, "
                   f"mean reward {_ci(base['mean_reward'])}."]
+    if ablations := [r for r in bench["rows"] if r.get("vs_dreamgym")]:
+        lines += ["", "Ablations against DreamGym on the same tasks (the row minus DreamGym: a negative difference "
+                  "means the component helps):", "", "| " + " | ".join(ABLATION_COLUMNS) + " |",
+                  "|" + "---|" * len(ABLATION_COLUMNS)]
+        lines += ["| " + " | ".join(ablation_cells(r)) + " |" for r in ablations]
     path.write_text("\n".join(lines) + "\n")
+
+
+ABLATION_COLUMNS = ("ablation", "success - DreamGym [95% CI]", "won / lost", "sign test p",
+                    "mean reward - DreamGym [95% CI]")
+
+
+def ablation_cells(r: dict[str, Any]) -> list[str]:
+    vs = r["vs_dreamgym"]
+    return [r["method"], _diff(vs["diff"]), f"{vs['better']} / {vs['worse']}", f"{vs['sign_test_p']:.3g}",
+            _diff(vs["reward_diff"])]
 
 
 def print_bench(bench: dict[str, Any]) -> None:
@@ -206,6 +231,13 @@ def print_bench(bench: dict[str, Any]) -> None:
     if base := bench.get("baseline"):
         Console().print(f"trivial baseline (random policy, same tasks): success {_ci(base['success_rate'])}, "
                         f"mean reward {_ci(base['mean_reward'])}")
+    if ablations := [r for r in bench["rows"] if r.get("vs_dreamgym")]:
+        a = Table(title="ablations: the row minus DreamGym on the same tasks (negative: the component helps)")
+        for col in ABLATION_COLUMNS:
+            a.add_column(col, justify="left" if col == "ablation" else "right")
+        for r in ablations:
+            a.add_row(*ablation_cells(r))
+        Console().print(a)
 
 
 def run_bench(env: str, seeds: Sequence[int], rows: Sequence[str], profile: str, out: Path,

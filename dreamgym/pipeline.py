@@ -73,6 +73,8 @@ ROWS: dict[str, str] = {"sft": "SFT", "grpo_real": "GRPO (real)", "ppo_real": "P
                         "dreamgym_ppo": "DreamGym (PPO)", "s2r": "DreamGym-S2R", "no_replay": "DreamGym w/o replay",
                         "no_reasoning": "DreamGym w/o reasoning", "no_task_generator": "DreamGym w/o task generator"}
 DEFAULT_ROWS = ("sft", "grpo_real", "dreamgym", "s2r")
+# the rows that take one component out of DreamGym; the bench compares each with the dreamgym row, task by task
+ABLATION_ROWS = ("no_replay", "no_reasoning", "no_task_generator")
 # the stages a row's stage takes outputs from besides sft (S2R continues DreamGym within GRPO-real's budget)
 ROW_NEEDS: dict[str, tuple[str, ...]] = {"s2r": ("grpo_real", "dreamgym"), "no_replay": ("train_exp_no_replay",),
                                          "no_reasoning": ("train_exp_no_reasoning",)}

@@ -69,6 +69,42 @@ def test_paired_comparison_and_the_identical_rows_cheat() -> None:
         paired_bootstrap_ci([[1, 0]], [[1]])
 
 
+def test_ablations_are_compared_with_dreamgym_task_by_task(tmp_path: Path) -> None:
+    """An ablation row gets ``vs_dreamgym``: its success minus DreamGym's on the same tasks, so the sign of a
+    component's effect is read from a paired test, not from two overlapping CIs; bench.md prints it as a table."""
+    from dreamgym.bench import summarize_bench, write_markdown
+
+    outcomes = {"sft": [0, 0, 0, 0, 1, 1], "dreamgym": [1, 1, 1, 1, 1, 0], "no_replay": [0, 1, 0, 0, 1, 0],
+                "grpo_real": [0, 0, 0, 0, 1, 1]}
+    runs = {}
+    for s in (0, 1):
+        run = tmp_path / f"seed{s}"
+        (run / "stages").mkdir(parents=True)
+        for row, wins in outcomes.items():
+            (run / row).mkdir()
+            per_task = [{"episode": i, "task_id": f"t{i}", "success": bool(w), "reward": float(w)}
+                        for i, w in enumerate(wins)]
+            (run / row / "eval_tasks.json").write_text(json.dumps({"per_task": per_task}))
+            (run / "stages" / f"{row}.json").write_text(json.dumps(
+                {"method": row, "real_transitions": 0, "synthetic_transitions": 0, "stage_seconds": 1.0}))
+        runs[s] = run
+    rows = summarize_bench(runs, ["sft", "grpo_real", "dreamgym", "no_replay"])
+    by = {r["row"]: r for r in rows}
+    ablation = by["no_replay"]["vs_dreamgym"]
+    # per seed, against DreamGym no_replay loses tasks 0, 2 and 3 and wins none; against SFT it wins 1, loses 5
+    assert (ablation["better"], ablation["worse"]) == (0, 6)
+    assert ablation["diff"]["mean"] == pytest.approx(-0.5) and ablation["diff"]["ci_high"] < 0
+    assert by["no_replay"]["vs_sft"]["diff"]["mean"] == pytest.approx(0.0)
+    assert (by["no_replay"]["vs_sft"]["better"], by["no_replay"]["vs_sft"]["worse"]) == (2, 2)
+    assert all("vs_dreamgym" not in by[r] for r in ("sft", "grpo_real", "dreamgym"))
+    # without the dreamgym row there is nothing to compare an ablation with
+    assert "vs_dreamgym" not in summarize_bench(runs, ["sft", "no_replay"])[1]
+    bench = {"env": "shop", "profile": "default", "seeds": [0, 1], "command": "c", "episodes_per_seed": 6,
+             "resamples": 2000, "bootstrap_seed": 0, "rows": rows}
+    write_markdown(tmp_path / "bench.md", bench)
+    assert "| no_replay | -0.500 [" in (tmp_path / "bench.md").read_text()
+
+
 def test_rows_and_seeds_parse() -> None:
     assert parse_seeds("0, 1,2") == [0, 1, 2]
     assert parse_rows("sft,ppo_real") == ("sft", "ppo_real")
