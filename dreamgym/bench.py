@@ -142,7 +142,7 @@ def summarize_bench(runs: dict[int, Path], rows: Sequence[str], resamples: int =
         }
         if row != "sft":
             entry["vs_sft"] = _paired(per_task, tasks, resamples, seed)
-        if row in ABLATION_ROWS and full is not None:  # the component's effect: DreamGym minus this row
+        if row in ABLATION_ROWS and full is not None:  # this row minus DreamGym: negative where the component helps
             entry["vs_dreamgym"] = _paired(per_task, full, resamples, seed)
         out.append(entry)
     return out
