@@ -356,21 +356,26 @@ def test_a_run_without_evaluation_episodes_trains_and_says_it_has_no_success_rat
     assert summary["real_transitions"] > 0
 
 
-def test_grpo_invalid_penalty_on_the_episode_or_on_the_invalid_step() -> None:
-    """One group of two 2-turn episodes, env returns 1 and 0; the success's first turn is invalid (penalty 0.1)."""
-    from dreamgym.rl.batch import TurnRow, grpo_advantages
+def _two_turn_episode(reward: float, invalid_first: bool, success: bool = False) -> Any:
+    """An episode of group 0: turn 0 earns nothing (invalid, penalty 0.1, if ``invalid_first``), turn 1 ends it
+    with env reward ``reward``."""
     from dreamgym.rl.rollout import Episode, Turn
     from dreamgym.types import Task
 
-    def episode(reward: float, invalid_first: bool) -> Episode:
-        e = Episode(task=Task(task_id="t", instruction="x"), group_id=0, seed=0, source="real")
-        for i in range(2):
-            env_r = reward if i == 1 else 0.0
-            bad = invalid_first and i == 0
-            e.turns.append(Turn("s", [], [1], [2], [0.0], "", "a", True, "s2", env_r, env_r - (0.1 if bad else 0.0),
-                                i == 1, False, {"invalid_action": bad}))
-        return e
+    e = Episode(task=Task(task_id="t", instruction="x"), group_id=0, seed=0, source="real", success=success)
+    for i in range(2):
+        env_r = reward if i == 1 else 0.0
+        bad = invalid_first and i == 0
+        e.turns.append(Turn("s", [], [1], [2], [0.0], "", "a", True, "s2", env_r, env_r - (0.1 if bad else 0.0),
+                            i == 1, False, {"invalid_action": bad}))
+    return e
 
+
+def test_grpo_invalid_penalty_on_the_episode_or_on_the_invalid_step() -> None:
+    """One group of two 2-turn episodes, env returns 1 and 0; the success's first turn is invalid (penalty 0.1)."""
+    from dreamgym.rl.batch import TurnRow, grpo_advantages
+
+    episode = _two_turn_episode
     eps = [episode(1.0, invalid_first=True), episode(0.0, invalid_first=False)]
     rows = [TurnRow([1], [2], [0.0]) for _ in range(4)]
     # episode: shaped returns 0.9 and 0 -> Dr.GRPO ±0.45 on every turn of each episode
@@ -388,6 +393,30 @@ def test_grpo_invalid_penalty_on_the_episode_or_on_the_invalid_step() -> None:
     assert RLConfig().invalid_penalty_mode == "episode"
     with pytest.raises(ValueError, match="invalid_penalty_mode"):
         RLConfig(invalid_penalty_mode="turn")
+
+
+def test_outcome_reward_pays_success_only_and_keeps_the_penalties_and_the_env_reward() -> None:
+    """reward="success": a purchase with partial credit (0.6, not a success) pays 0, a success pays 1, whatever the
+    graded score; the invalid turn keeps its 0.1 penalty, and env_reward (what trajectories record) is unchanged."""
+    from dreamgym.rl.batch import TurnRow, grpo_advantages
+
+    eps = [_two_turn_episode(0.6, invalid_first=True), _two_turn_episode(1.0, invalid_first=False, success=True),
+           _two_turn_episode(0.9, invalid_first=False)]
+    rows = [TurnRow([1], [2], [0.0]) for _ in range(6)]
+    grpo_advantages(eps, rows, normalize_std=False)  # graded: shaped returns 0.5, 1.0, 0.9 (mean 0.8)
+    assert [r.advantage for r in rows[::2]] == pytest.approx([-0.3, 0.2, 0.1])
+    for e in eps:
+        e.use_outcome_reward()
+    assert [t.reward for e in eps for t in e.turns] == pytest.approx([-0.1, 0.0, 0.0, 1.0, 0.0, 0.0])
+    assert [e.env_return for e in eps] == pytest.approx([0.6, 1.0, 0.9])  # the env's own numbers stay
+    assert eps[1].to_trajectory().transitions[-1].reward == 1.0 and eps[0].to_trajectory().transitions[-1].reward == 0.6
+    grpo_advantages(eps, rows, normalize_std=False)  # outcome: shaped returns -0.1, 1, 0 (mean 0.3)
+    assert [r.advantage for r in rows[::2]] == pytest.approx([-0.4, 0.7, -0.3])
+    grpo_advantages(eps, rows, normalize_std=False, invalid_penalty_mode="step")  # returns 0, 1, 0 (mean 1/3)
+    assert [r.advantage for r in rows] == pytest.approx([-1 / 3 - 0.1, -1 / 3, 2 / 3, 2 / 3, -1 / 3, -1 / 3])
+    assert RLConfig().reward == "env" and RLConfig(reward="success").reward == "success"
+    with pytest.raises(ValueError, match="reward"):
+        RLConfig(reward="graded")
 
 
 def test_real_latency_is_paid_by_training_rollouts_and_logged(sft_run: Path, tmp_path: Path) -> None:

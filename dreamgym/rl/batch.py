@@ -72,8 +72,9 @@ def grpo_advantages(
 
     * ``"episode"`` (the default): the return is the shaped one (env rewards plus the penalties), so an invalid
       turn lowers the advantage of every turn of its episode;
-    * ``"step"`` (verl-agent): the return is the env's only, and each invalid turn's own advantage is lowered by
-      the raw penalty (``Turn.env_reward - Turn.reward``), not divided by the group std even with
+    * ``"step"`` (verl-agent): the return is the task's rewards only (:meth:`Episode.task_rewards`: the env's, or
+      the outcome with ``RLConfig.reward="success"``), and each invalid turn's own advantage is lowered by the raw
+      penalty (its task reward minus ``Turn.reward``), not divided by the group std even with
       ``normalize_std`` (a group of equal env returns has std 0, which would blow the penalty up) and not scaled
       by the episode turn weighting (it belongs to the turn, not the episode).
 
@@ -82,15 +83,16 @@ def grpo_advantages(
     if invalid_penalty_mode not in ("episode", "step"):
         raise ValueError(f"unknown invalid_penalty_mode {invalid_penalty_mode!r}; use episode | step")
     step = invalid_penalty_mode == "step"
-    returns = torch.tensor([e.env_return if step else e.shaped_return for e in episodes], dtype=torch.float64)
+    returns = torch.tensor([sum(e.task_rewards()) if step else e.shaped_return for e in episodes], dtype=torch.float64)
     advantages = group_advantages(returns, [e.group_id for e in episodes], normalize_std=normalize_std)
     mean_turns = sum(len(e.turns) for e in episodes) / max(len(episodes), 1)
     if dist is not None and dist.world_size > 1 and turn_weighting == "episode":
         shares = dist.gather((sum(len(e.turns) for e in episodes), len(episodes)))
         mean_turns = sum(t for t, _ in shares) / max(sum(n for _, n in shares), 1)
     scale = [mean_turns / max(len(e.turns), 1) if turn_weighting == "episode" else 1.0 for e in episodes]
-    turn_adv = [float(a) * w + ((t.reward - t.env_reward) if step else 0.0)
-                for e, a, w in zip(episodes, advantages, scale, strict=True) for t in e.turns]
+    turn_adv = [float(a) * w + ((t.reward - r) if step else 0.0)
+                for e, a, w in zip(episodes, advantages, scale, strict=True)
+                for t, r in zip(e.turns, e.task_rewards(), strict=True)]
     for row, a in zip(rows, turn_adv, strict=True):
         row.advantage = a
 

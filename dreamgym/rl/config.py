@@ -35,6 +35,10 @@ class RLConfig(BaseModel):
     max_steps: int = Field(default=15, ge=1)
     temperature: float = Field(default=1.0, gt=0, description="sampling temperature (log-probs use it too)")
     invalid_action_penalty: float = Field(default=0.1, ge=0)
+    reward: Literal["env", "success"] = Field(
+        default="env", description="what RL optimises: 'env' = the env's reward (the shop's graded WebShop score "
+        "at purchase); 'success' = the paper's outcome reward, 1 on the final step of a successful episode, else 0 "
+        "(in the dream, M_exp's success flag); invalid-action penalties apply to both")
     action_masking: bool = Field(
         default=False, description="sample each rollout answer among the admissible actions' answers only (the "
         "policy's sampling='admissible': a token trie), and score its tokens under the same masked softmax in the "

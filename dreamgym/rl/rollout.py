@@ -83,6 +83,7 @@ class Episode:
     turns: list[Turn] = field(default_factory=list)
     success: bool = False
     final_obs: AgentObservation | None = None  # the non-terminal state a truncated episode was cut at
+    outcome_reward: bool = False  # set by use_outcome_reward: the task's reward is the outcome, not env_reward
 
     @property
     def env_steps(self) -> int:
@@ -101,6 +102,23 @@ class Episode:
     @property
     def done(self) -> bool:
         return bool(self.turns) and self.turns[-1].done
+
+    def task_rewards(self) -> list[float]:
+        """Per turn, the task's reward before invalid-action penalties: ``env_reward``, or after
+        :meth:`use_outcome_reward` the outcome (1 on the final step of a successful episode, else 0)."""
+        if not self.outcome_reward:
+            return [t.env_reward for t in self.turns]
+        last = len(self.turns) - 1
+        return [float(self.success and t.terminated and i == last) for i, t in enumerate(self.turns)]
+
+    def use_outcome_reward(self) -> None:
+        """RL optimises the paper's outcome reward instead of the env's (``RLConfig.reward="success"``): each
+        turn's ``reward`` becomes its :meth:`task_rewards` entry minus its invalid-action penalty, if any.
+        ``env_reward`` keeps the env's own number (the shop's graded score), and so do written trajectories."""
+        penalties = [t.env_reward - t.reward for t in self.turns]
+        self.outcome_reward = True
+        for turn, task_reward, penalty in zip(self.turns, self.task_rewards(), penalties, strict=True):
+            turn.reward = task_reward - penalty
 
     def to_trajectory(self, policy_name: str = "llm", env_name: str | None = None) -> Trajectory:
         """The episode as a :class:`Trajectory` (env rewards; penalties and token ids left out)."""

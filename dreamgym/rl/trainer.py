@@ -157,6 +157,9 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
                                         seed=int(rng.integers(MAX_SEED)) + lo, split=cfg.train_split, stats=stats,
                                         on_env_steps=journal.add if pool.source == "real" else None)
             rollout_s = time.perf_counter() - t0
+            if cfg.reward == "success":
+                for episode in episodes:
+                    episode.use_outcome_reward()
             sync.check(episodes, it)  # the stale-policy guard: no turn generated under older weights than pushed
             ranks = dist.gather((episode_stats(episodes), stats.env_s,
                                  _group_variances(cfg, episodes, tasks[lo:hi], pool, it, generator is not None)))
