@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dreamgym.pipeline import ABLATION_ROWS, ROWS, DemoConfig, demo_config, parse_rows, run_demo
-from dreamgym.report import write_bench_report
+from dreamgym.report import ABLATION_COLUMNS, write_bench_report
 from dreamgym.stats import RESAMPLES, SEED, bootstrap_ci, paired_bootstrap_ci, sign_test
 
 DEFAULT_SEEDS = (0, 1, 2)
@@ -208,10 +208,6 @@ def write_markdown(path: Path, bench: dict[str, Any]) -> None:
                   "|" + "---|" * len(ABLATION_COLUMNS)]
         lines += ["| " + " | ".join(ablation_cells(r)) + " |" for r in ablations]
     path.write_text("\n".join(lines) + "\n")
-
-
-ABLATION_COLUMNS = ("ablation", "success - DreamGym [95% CI]", "won / lost", "sign test p",
-                    "mean reward - DreamGym [95% CI]")
 
 
 def ablation_cells(r: dict[str, Any]) -> list[str]:

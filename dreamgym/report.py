@@ -341,17 +341,21 @@ def _whole(x: float | None) -> str:
     return "—" if x is None else f"{x:,.0f}"
 
 
+def _signed_ci(diff: Any) -> str:
+    """A paired difference ``{mean, ci_low, ci_high}`` as ``+0.038 [+0.003, +0.082]``; "—" when absent."""
+    if not isinstance(diff, dict):
+        return "—"
+    return f"{diff['mean']:+.3f} <span class='muted'>[{diff['ci_low']:+.3f}, {diff['ci_high']:+.3f}]</span>"
+
+
 def _bench_table(bench: dict[str, Any]) -> str:
     rows = [r for r in bench.get("rows") or [] if isinstance(r, dict)]
     cells = []
     for r in rows:
         vs = r.get("vs_sft") if isinstance(r.get("vs_sft"), dict) else None
-        diff = vs.get("diff") if vs else None
         real, synthetic, seconds = (_mean(r.get(k)) for k in ("real_transitions", "synthetic_transitions", "seconds"))
         cells.append([_esc(r.get("method", "?")), _whole(real), _whole(synthetic), _num(r.get("success_rate")),
-                      _num(r.get("mean_reward")),
-                      (f"{diff['mean']:+.3f} <span class='muted'>[{diff['ci_low']:+.3f}, {diff['ci_high']:+.3f}]</span>"
-                       if isinstance(diff, dict) else "—"),
+                      _num(r.get("mean_reward")), _signed_ci(vs.get("diff") if vs else None),
                       _num(vs.get("sign_test_p")) if vs else "—", _whole(seconds)])
     base = bench.get("baseline")
     if isinstance(base, dict):
@@ -359,6 +363,23 @@ def _bench_table(bench: dict[str, Any]) -> str:
                       "0", "0", _num(base.get("success_rate")), _num(base.get("mean_reward")), "—", "—", "—"])
     return _table(["method", "real transitions (RL)", "synthetic transitions", "success [95% CI]",
                    "mean reward [95% CI]", "success − SFT [95% CI]", "sign test p", "seconds"], cells)
+
+
+# bench.md, the printed bench and this report head the ablation table alike
+ABLATION_COLUMNS = ("ablation", "success - DreamGym [95% CI]", "won / lost", "sign test p",
+                    "mean reward - DreamGym [95% CI]")
+
+
+def _bench_ablations(bench: dict[str, Any]) -> str:
+    """Each ablation row minus the DreamGym row on the same tasks (bench.json's ``vs_dreamgym``): the sign of each
+    component's effect from a paired test. Empty without ablation rows."""
+    rows = [r for r in bench.get("rows") or [] if isinstance(r, dict) and isinstance(r.get("vs_dreamgym"), dict)]
+    if not rows:
+        return ""
+    cells = [[_esc(r.get("method", "?")), _signed_ci(vs.get("diff")), f"{vs.get('better', '?')} / {vs.get('worse', '?')}",
+              _num(vs.get("sign_test_p")), _signed_ci(vs.get("reward_diff"))] for r in rows for vs in [r["vs_dreamgym"]]]
+    return ("<h2>Ablations</h2><p>Each ablation row minus DreamGym, paired on the same tasks: a negative difference "
+            "means the component helps.</p>" + _table(list(ABLATION_COLUMNS), cells))
 
 
 def _bench_forest(bench: dict[str, Any]) -> str:
@@ -448,7 +469,7 @@ def write_bench_report(bench_dir: Path | str) -> Path:
              f"episodes each. 95% CIs: a bootstrap over seeds, then tasks within each seed "
              f"({_num(bench.get('resamples'))} resamples). “success − SFT” is paired on the same tasks; the sign "
              "test is two-sided and exact, on the tasks where exactly one of the two succeeded.</p>",
-             "<h2>Results</h2>", _bench_table(bench), _bench_forest(bench),
+             "<h2>Results</h2>", _bench_table(bench), _bench_forest(bench), _bench_ablations(bench),
              "<h2>Per seed</h2>", _bench_seeds(bench, out), _bench_curves(bench, out)]
     body = "\n".join(p for p in parts if p)
     page = (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><link rel='icon' href='data:,'><title>"

@@ -73,6 +73,7 @@ def test_ablations_are_compared_with_dreamgym_task_by_task(tmp_path: Path) -> No
     """An ablation row gets ``vs_dreamgym``: its success minus DreamGym's on the same tasks, so the sign of a
     component's effect is read from a paired test, not from two overlapping CIs; bench.md prints it as a table."""
     from dreamgym.bench import summarize_bench, write_markdown
+    from dreamgym.report import write_bench_report
 
     outcomes = {"sft": [0, 0, 0, 0, 1, 1], "dreamgym": [1, 1, 1, 1, 1, 0], "no_replay": [0, 1, 0, 0, 1, 0],
                 "grpo_real": [0, 0, 0, 0, 1, 1]}
@@ -103,6 +104,10 @@ def test_ablations_are_compared_with_dreamgym_task_by_task(tmp_path: Path) -> No
              "resamples": 2000, "bootstrap_seed": 0, "rows": rows}
     write_markdown(tmp_path / "bench.md", bench)
     assert "| no_replay | -0.500 [" in (tmp_path / "bench.md").read_text()
+    (tmp_path / "bench.json").write_text(json.dumps(bench))  # report.html shows the same table
+    page = write_bench_report(tmp_path).read_text()
+    assert "<h2>Ablations</h2>" in page and "<td>no_replay</td><td>-0.500 <span class='muted'>[" in page
+    assert "0 / 6" in page and page.count("<tr>") > len(rows)
 
 
 def test_rows_and_seeds_parse() -> None:
