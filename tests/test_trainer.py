@@ -407,6 +407,7 @@ def test_outcome_reward_pays_success_only_and_keeps_the_penalties_and_the_env_re
     assert [r.advantage for r in rows[::2]] == pytest.approx([-0.3, 0.2, 0.1])
     for e in eps:
         e.use_outcome_reward()
+    eps[0].use_outcome_reward()  # idempotent: the penalty is not taken twice
     assert [t.reward for e in eps for t in e.turns] == pytest.approx([-0.1, 0.0, 0.0, 1.0, 0.0, 0.0])
     assert [e.env_return for e in eps] == pytest.approx([0.6, 1.0, 0.9])  # the env's own numbers stay
     assert eps[1].to_trajectory().transitions[-1].reward == 1.0 and eps[0].to_trajectory().transitions[-1].reward == 0.6

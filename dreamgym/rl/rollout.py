@@ -12,7 +12,8 @@ What a turn keeps, for RL (token-in/token-out: nothing is re-tokenised between a
 * ``response_ids`` and their behaviour ``logprobs``: the policy's own tokens, the only trained ones
   (loss mask = 1 on exactly these).
 * ``reward``: the env reward minus the invalid-action penalty when the env flagged the action invalid
-  (``env_reward`` keeps the env's own number; trajectories written to files carry that one).
+  (``env_reward`` keeps the env's own number; trajectories written to files carry that one). With
+  ``RLConfig.reward="success"`` the trainer swaps the env reward for the outcome (:meth:`Episode.use_outcome_reward`).
 
 Seeds: the episodes of task ``k`` (one GRPO group) all reset their envs with seed ``seed + k``, so the G
 episodes of a group start from the same initial state and differ only by the policy's samples (the group's
@@ -58,7 +59,7 @@ class Turn:
     parsed: bool
     next_state: str
     env_reward: float
-    reward: float  # env_reward − invalid_action_penalty on invalid steps: what RL optimises
+    reward: float  # env_reward (or the outcome, Episode.use_outcome_reward) − the penalty on invalid steps: what RL optimises
     terminated: bool
     truncated: bool  # by the env or by the rollout's max_steps
     info: dict[str, Any]  # the env's info essentials after the step (its admissible actions dropped)
@@ -115,8 +116,8 @@ class Episode:
         """RL optimises the paper's outcome reward instead of the env's (``RLConfig.reward="success"``): each
         turn's ``reward`` becomes its :meth:`task_rewards` entry minus its invalid-action penalty, if any.
         ``env_reward`` keeps the env's own number (the shop's graded score), and so do written trajectories."""
-        penalties = [t.env_reward - t.reward for t in self.turns]
-        self.outcome_reward = True
+        penalties = [task_reward - t.reward for t, task_reward in zip(self.turns, self.task_rewards(), strict=True)]
+        self.outcome_reward = True  # a second call finds the same penalties and changes nothing
         for turn, task_reward, penalty in zip(self.turns, self.task_rewards(), penalties, strict=True):
             turn.reward = task_reward - penalty
 
