@@ -73,6 +73,9 @@ def main() -> None:
         "seed_dir": str(seed_dir), "latency_s": args.latency, "sessions": args.sessions,
         "grpo_real_final_success": target,
         "grpo_real": {"curve": real, "real_transitions": summary["real_transitions"],
+                      # per iteration, where the wall-clock went (a slow iteration shows a busy machine)
+                      "iterations": [{k: r[k] for k in ("iteration", "generation_s", "env_s", "update_s", "wall_s")
+                                      if k in r} for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())],
                       "real_wait_s": summary["real_wait_s"], "wall_s": summary["wall_s"],
                       "reaches_target_at_s": first_reaching(real, target),
                       # the same seed and settings as the bench's row: only the clock may differ

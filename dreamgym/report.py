@@ -376,8 +376,12 @@ def _bench_ablations(bench: dict[str, Any]) -> str:
     rows = [r for r in bench.get("rows") or [] if isinstance(r, dict) and isinstance(r.get("vs_dreamgym"), dict)]
     if not rows:
         return ""
-    cells = [[_esc(r.get("method", "?")), _signed_ci(vs.get("diff")), f"{vs.get('better', '?')} / {vs.get('worse', '?')}",
-              _num(vs.get("sign_test_p")), _signed_ci(vs.get("reward_diff"))] for r in rows for vs in [r["vs_dreamgym"]]]
+    cells = []
+    for r in rows:
+        vs = r["vs_dreamgym"]
+        cells.append([_esc(r.get("method", "?")), _signed_ci(vs.get("diff")),
+                      f"{vs.get('better', '?')} / {vs.get('worse', '?')}", _num(vs.get("sign_test_p")),
+                      _signed_ci(vs.get("reward_diff"))])
     return ("<h2>Ablations</h2><p>Each ablation row minus DreamGym, paired on the same tasks: a negative difference "
             "means the component helps.</p>" + _table(list(ABLATION_COLUMNS), cells))
 
