@@ -1,7 +1,9 @@
 """Collects ``benchmarks/results/gpu_base.json`` (README, "A base warmed up on a GPU") from the run directories the
 commands in it write: the GPU bases' manifests (``runs/gpu/NAME``, unpacked from the device call's ``NAME.tar``),
-the CPU continuations, ``benchmarks/match_finished.py``'s output and ``benchmarks/policy_diag.py``'s, and adds the 95%
-Wilson intervals the README quotes (:func:`dreamgym.stats.wilson_interval`).
+the CPU continuations, ``benchmarks/match_finished.py``'s output and ``benchmarks/policy_diag.py``'s, M_exp
+fine-tuned from the continued base beside the shipped one (``benchmarks/pretrained_base.py --part exp``'s
+``runs/xb/exp_bases_val.json``), and adds the 95% Wilson intervals the README quotes
+(:func:`dreamgym.stats.wilson_interval`).
 
     python benchmarks/gpu_base_results.py
 """
@@ -22,10 +24,23 @@ def wilson(share: float, n: int) -> list[float]:
 
 
 BASES = ("g4", "g5", "g5w")  # unpacked from the device call's tars
-CONTINUED = ("g6c", "g6d")  # g5 continued on the CPU (recipe 6's match warm-up); each manifest holds its command
-POLICIES = ("g5-cwh12-s0", "g6c-cwh12-s0", "g5-cwh3-s0", "g6d-cwh12-s0", "g6d-cwh12-s1")  # runs/cmp/NAME
+# g5 continued on the CPU (g6c, g6d: recipe 6's match warm-up; g6m: g6d with 6M tokens of recipe 6's mixture, which
+# brings back the M_exp formats the warm-ups left out); each manifest holds its command
+CONTINUED = ("g6c", "g6d", "g6m")
+POLICIES = ("g5-cwh12-s0", "g6c-cwh12-s0", "g5-cwh3-s0", "g6d-cwh12-s0", "g6d-cwh12-s1", "g6m-cwh12-s0")  # runs/cmp/NAME
 SCORES = ("runs/cmp/gpu_val_s0.json", "runs/cmp/gpu_val_s0_x3.json", "runs/cmp/gpu_val_s0_g6d.json",
-          "runs/cmp/gpu_val_s1_g6d.json")  # policy_diag.py --out files, each with its command
+          "runs/cmp/gpu_val_s1_g6d.json", "runs/cmp/gpu_val_s0_g6m.json")  # policy_diag.py --out files, with commands
+# M_exp from the shipped base and from g6m, the bench's settings (150 steps of 16), val, seed 0 (data: its commands)
+EXP_VAL = "runs/xb/exp_bases_val.json"
+EXP_DATA = ["dreamgym collect --policy noisy --noise 0.3 --episodes 2000 --split train --seed 0 --env-arg val_fraction=0.1 "
+            "--out data/base/train_v2.jsonl",
+            "dreamgym collect --policy noisy --noise 0.8 --episodes 800 --split train --seed 500000 --env-arg "
+            "val_fraction=0.1 --out data/mix/trainv_n08.jsonl",
+            "dreamgym collect --policy noisy --noise 0.5 --episodes 60 --split val --seed 100000 --env-arg "
+            "val_fraction=0.1 --out data/base/val60.jsonl",
+            "dreamgym collect --policy noisy --noise 0.8 --episodes 150 --split val --seed 100000 --env-arg "
+            "val_fraction=0.1 --out data/mix/val150_n08.jsonl",
+            "each annotated: dreamgym annotate --data X.jsonl --out X_ann.jsonl --annotator rule"]
 SHIPPED = {"shipped base (runs/cmp/cwh12-s0, benchmarks/results/compact_prompt.json)": "cwh12-s0",
            "shipped base, seed 1 (runs/cmp/cwh12-s1, benchmarks/results/compact_prompt.json)": "cwh12-s1"}
 
@@ -43,7 +58,8 @@ def main() -> None:
     out: dict[str, Any] = {
         "what": "Bases warmed up on one H200 (benchmarks/gpu/pretrain_base.sh; three processes at once, CAP 450 s), "
                 "and the shop policy cloned from them on the CPU (val, 200 tasks, greedy; training seed 0, and seed 1 "
-                "for g6d), beside the shipped base's.",
+                "for g6d), beside the shipped base's; and M_exp fine-tuned from g6m (g6d plus 6M tokens of recipe 6's mixture "
+                "on the CPU) beside the shipped base's, the bench's 150 steps, val, seed 0 (exp_val).",
         "device_run": {"command": "run(command='bash benchmarks/gpu/pretrain_base.sh', carry=['.whl'], timeout_s=590)",
                        "variants_then": "g4 128x4 4 1200 6000 24000000 / g5 128x4 5 1200 6000 24000000 / g5w 160x6 5 "
                                         "1200 6000 24000000 (NAME PRESET CORPUS COPY_STEPS MATCH_STEPS TOKENS), CAP=450",
@@ -76,6 +92,13 @@ def main() -> None:
         policy[name] = {"train_command": summary["command"], **row,
                         "option_ranking": with_interval(row["option_ranking"]), "train_seconds": summary["seconds"]}
     policy["score_commands"] = [score["command"] for score in scores]
+    exp = read(EXP_VAL)
+    out["exp_val"] = {"data_commands": EXP_DATA, "commands": exp["commands"],
+                      "cells": {k: c for k, c in exp["cells"].items() if k.endswith("/0")},  # seed 0: the comparison
+                      # g5's run trained (the first command) and was stopped in its evaluation, which resampled
+                      # most outputs: its loss after the same 150 steps is the figure it has
+                      "train_loss": {d.name: read(f"{d}/summary.json")["train_loss"]
+                                     for d in sorted(Path("runs/xb/exp").glob("*-s0"))}}
     policy["no_purchase_episodes"] = (
         "python benchmarks/policy_diag.py runs/cmp/g6d-cwh12-s0 runs/cmp/g5-cwh12-s0 runs/cmp/g6c-cwh12-s0 --split "
         "val --episodes 200 --show-stalls 2: each printed no_buy episode (the right product with the right options, "

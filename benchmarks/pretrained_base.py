@@ -205,6 +205,22 @@ def summarise(path: Path) -> None:
         print(f"{init} @ {seconds}s, n={len(cs)}: " + "; ".join(parts))
 
 
+def paired(path: Path, against: Path) -> None:
+    """Each metric of ``path``'s cells minus ``against``'s, paired by (init, seed), as mean ± 95% t half-width:
+    the same model and seeds under two budgets (two ``--out`` files of one ``--inits``)."""
+    mine, theirs = ({(c["init"], c["seed"]): flat(c) for c in load(p)["cells"].values()} for p in (path, against))
+    for init in sorted({i for i, _ in mine}):
+        seeds = sorted(s for i, s in mine if i == init and (i, s) in theirs)
+        parts = []
+        for k, v in mine[(init, seeds[0])].items() if seeds else ():
+            diffs = [float(mine[(init, s)][k]) - float(theirs[(init, s)][k]) for s in seeds
+                     if isinstance(mine[(init, s)].get(k), (int, float)) and isinstance(theirs[(init, s)].get(k), (int, float))]
+            if len(diffs) == len(seeds) and k not in ("seed", "seconds") and isinstance(v, (int, float)):
+                m, _, hw = mean_ci(diffs)
+                parts.append(f"{k} {m:+.3f}±{hw:.3f}")
+        print(f"{init}, seeds {seeds}, {path.name} minus {against.name}: " + "; ".join(parts))
+
+
 MARKDOWN_EXP = [("epochs", "epochs"), ("click_consistency", "click consistency"),
                 ("reward_consistency", "grounded reward consistency"),
                 ("terminal_reward_accuracy", "terminal reward acc (±0.1)"),
@@ -286,11 +302,15 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("runs/pretrained_base"))
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--summarise", action="store_true")
+    parser.add_argument("--against", type=Path, default=None,
+                        help="with --summarise: print --out's cells minus this file's, paired by init and seed")
     parser.add_argument("--markdown", action="store_true", help="print the README table (mean ± 95%% CI)")
     args = parser.parse_args()
     out = args.out or RESULTS / f"pretrained_base_{args.part}.json"
     if args.summarise or args.markdown:
         (markdown if args.markdown else summarise)(out)
+        if args.against:
+            paired(out, args.against)
         return
     torch.set_num_threads(args.threads)
     results = load(out)
