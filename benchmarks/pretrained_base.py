@@ -210,15 +210,16 @@ def paired(path: Path, against: Path) -> None:
     the same model and seeds under two budgets (two ``--out`` files of one ``--inits``)."""
     mine, theirs = ({(c["init"], c["seed"]): flat(c) for c in load(p)["cells"].values()} for p in (path, against))
     for init in sorted({i for i, _ in mine}):
-        seeds = sorted(s for i, s in mine if i == init and (i, s) in theirs)
+        pairs = [(mine[key], theirs[key]) for key in sorted(mine) if key[0] == init and key in theirs]
+        if not pairs:
+            continue
         parts = []
-        for k, v in mine[(init, seeds[0])].items() if seeds else ():
-            diffs = [float(mine[(init, s)][k]) - float(theirs[(init, s)][k]) for s in seeds
-                     if isinstance(mine[(init, s)].get(k), (int, float)) and isinstance(theirs[(init, s)].get(k), (int, float))]
-            if len(diffs) == len(seeds) and k not in ("seed", "seconds") and isinstance(v, (int, float)):
-                m, _, hw = mean_ci(diffs)
-                parts.append(f"{k} {m:+.3f}±{hw:.3f}")
-        print(f"{init}, seeds {seeds}, {path.name} minus {against.name}: " + "; ".join(parts))
+        for k in pairs[0][0]:
+            if k in ("seed", "seconds") or not all(isinstance(c.get(k), (int, float)) for pair in pairs for c in pair):
+                continue
+            m, _, hw = mean_ci([float(a[k]) - float(b[k]) for a, b in pairs])
+            parts.append(f"{k} {m:+.3f}±{hw:.3f}")
+        print(f"{init}, {len(pairs)} seeds, {path.name} minus {against.name}: " + "; ".join(parts))
 
 
 MARKDOWN_EXP = [("epochs", "epochs"), ("click_consistency", "click consistency"),

@@ -83,7 +83,9 @@ def grpo_advantages(
     if invalid_penalty_mode not in ("episode", "step"):
         raise ValueError(f"unknown invalid_penalty_mode {invalid_penalty_mode!r}; use episode | step")
     step = invalid_penalty_mode == "step"
-    returns = torch.tensor([sum(e.task_rewards()) if step else e.shaped_return for e in episodes], dtype=torch.float64)
+    task_rewards = [e.task_rewards() for e in episodes]
+    returns = torch.tensor([sum(r) if step else e.shaped_return for e, r in zip(episodes, task_rewards, strict=True)],
+                           dtype=torch.float64)
     advantages = group_advantages(returns, [e.group_id for e in episodes], normalize_std=normalize_std)
     mean_turns = sum(len(e.turns) for e in episodes) / max(len(episodes), 1)
     if dist is not None and dist.world_size > 1 and turn_weighting == "episode":
@@ -91,8 +93,8 @@ def grpo_advantages(
         mean_turns = sum(t for t, _ in shares) / max(sum(n for _, n in shares), 1)
     scale = [mean_turns / max(len(e.turns), 1) if turn_weighting == "episode" else 1.0 for e in episodes]
     turn_adv = [float(a) * w + ((t.reward - r) if step else 0.0)
-                for e, a, w in zip(episodes, advantages, scale, strict=True)
-                for t, r in zip(e.turns, e.task_rewards(), strict=True)]
+                for e, a, w, rs in zip(episodes, advantages, scale, task_rewards, strict=True)
+                for t, r in zip(e.turns, rs, strict=True)]
     for row, a in zip(rows, turn_adv, strict=True):
         row.advantage = a
 
