@@ -2,7 +2,8 @@
 commands in it write: the GPU bases' manifests (``runs/gpu/NAME``, unpacked from the device call's ``NAME.tar``),
 the CPU continuations, ``benchmarks/match_finished.py``'s output and ``benchmarks/policy_diag.py``'s, M_exp
 fine-tuned from the continued base beside the shipped one (``benchmarks/pretrained_base.py --part exp``'s
-``runs/xb/exp_bases_val.json``), and adds the 95% Wilson intervals the README quotes
+``runs/xb/exp_bases_val.json``), the same script's one-process default run on the CPU instead (``runs/cpu6/g6``, its
+probes, its M_exp and its policies), and adds the 95% Wilson intervals the README quotes
 (:func:`dreamgym.stats.wilson_interval`).
 
     python benchmarks/gpu_base_results.py
@@ -41,6 +42,13 @@ EXP_DATA = ["dreamgym collect --policy noisy --noise 0.3 --episodes 2000 --split
             "dreamgym collect --policy noisy --noise 0.8 --episodes 150 --split val --seed 100000 --env-arg "
             "val_fraction=0.1 --out data/mix/val150_n08.jsonl",
             "each annotated: dreamgym annotate --data X.jsonl --out X_ann.jsonl --annotator rule"]
+# Recipe 6 in one process, as benchmarks/gpu/pretrain_base.sh runs it (copy 1,200 and match 4,000 warm-up steps, then
+# 12M mixture tokens), run on the 2 CPU cores instead (2026-12-05, session 9): the device call's base, without a device.
+CPU_BASE = "runs/cpu6/g6"
+CPU_EXP = "runs/xb/exp_cpu6_val.json"  # its M_exp, the bench's 150 steps, val, seed 0
+CPU_POLICIES = (("cpu6-cwh12-s0", "runs/cmp/gpu_val_s0_cpu6.json"),)  # its 600 s policy (training seed 0), its val score
+PROBE = "dreamgym model probe {} --json"  # the copy and answer probes, printed for each base (CPU_PROBES)
+CPU_PROBES = "runs/cpu6/probes.json"
 SHIPPED = {"shipped base (runs/cmp/cwh12-s0, benchmarks/results/compact_prompt.json)": "cwh12-s0",
            "shipped base, seed 1 (runs/cmp/cwh12-s1, benchmarks/results/compact_prompt.json)": "cwh12-s1"}
 
@@ -59,7 +67,8 @@ def main() -> None:
         "what": "Bases warmed up on one H200 (benchmarks/gpu/pretrain_base.sh; three processes at once, CAP 450 s), "
                 "and the shop policy cloned from them on the CPU (val, 200 tasks, greedy; training seed 0, and seed 1 "
                 "for g6d), beside the shipped base's; and M_exp fine-tuned from g6m (g6d plus 6M tokens of recipe 6's mixture "
-                "on the CPU) beside the shipped base's, the bench's 150 steps, val, seed 0 (exp_val).",
+                "on the CPU) beside the shipped base's, the bench's 150 steps, val, seed 0 (exp_val); and the script's "
+                "one-process default run on the 2 CPU cores instead, checked on both models (cpu_one_process).",
         "device_run": {"command": "run(command='bash benchmarks/gpu/pretrain_base.sh', carry=['.whl'], timeout_s=590)",
                        "variants_then": "g4 128x4 4 1200 6000 24000000 / g5 128x4 5 1200 6000 24000000 / g5w 160x6 5 "
                                         "1200 6000 24000000 (NAME PRESET CORPUS COPY_STEPS MATCH_STEPS TOKENS), CAP=450",
@@ -99,6 +108,26 @@ def main() -> None:
                       # most outputs: its loss after the same 150 steps is the figure it has
                       "train_loss": {d.name: read(f"{d}/summary.json")["train_loss"]
                                      for d in sorted(Path("runs/xb/exp").glob("*-s0"))}}
+    m = read(f"{CPU_BASE}/MANIFEST.json")
+    cpu_exp = read(CPU_EXP)
+    out["cpu_one_process"] = {
+        "what": "benchmarks/gpu/pretrain_base.sh's default variant (recipe 6, one process, warm-ups and mixture "
+                "together), run on the 2 CPU cores; checked as an M_exp base (exp_val's protocol) and as a policy base "
+                "(policy_val's recipe)",
+        "base": {k: m[k] for k in ("command", "preset", "params", "corpus_version", "copy_warmup", "match_warmup",
+                                   "steps", "tokens_seen", "train_loss", "train_seconds", "prep_seconds",
+                                   "time_cap_fired", "machine")},
+        "probes": {"command": PROBE.format("BASE"), **read(CPU_PROBES)},
+        "exp_val": {"commands": cpu_exp["commands"], "cells": cpu_exp["cells"]},
+        "policy_val": {},
+    }
+    for name, score_file in CPU_POLICIES:
+        score, summary = read(score_file), read(f"runs/cmp/{name}/summary.json")
+        row = score["rows"][f"runs/cmp/{name}"]
+        out["cpu_one_process"]["policy_val"][name] = {
+            "train_command": summary["command"], **row, "option_ranking": with_interval(row["option_ranking"]),
+            "success_wilson95": wilson(row["success"], row["episodes"]), "train_seconds": summary["seconds"],
+            "score_command": score["command"]}
     policy["no_purchase_episodes"] = (
         "python benchmarks/policy_diag.py runs/cmp/g6d-cwh12-s0 runs/cmp/g5-cwh12-s0 runs/cmp/g6c-cwh12-s0 --split "
         "val --episodes 200 --show-stalls 2: each printed no_buy episode (the right product with the right options, "

@@ -15,7 +15,8 @@ cd "$(git rev-parse --show-toplevel)"
 # of a 128x4 took ~45-50 ms (three processes on one GPU, each making its batches on the CPU),
 # and 24M corpus tokens took 110-120 s to prepare; the warm-ups then used the whole cap and the mixture ran 1 step.
 # So the default is one process on recipe 6 (recipe 5 plus finished pages answered by buying), with the warm-ups
-# and the mixture sized to fit the cap together even at ~50 ms a step (not run yet).
+# and the mixture sized to fit the cap together even at ~50 ms a step. Not run on a GPU yet; the same command ran on the
+# 2 CPU cores in 48 min (--time-cap 5400; README, "The GPU script's base, made on the CPU").
 CAP=${CAP:-480}
 VARIANTS=${VARIANTS:-"g6 128x4 6 1200 4000 12000000"}
 OUT=${OUT:-/tmp/dreamgym-gpu-out}
