@@ -92,6 +92,9 @@ def main() -> None:
                     "over seeds and tasks, and minus the scripted 'search, first result, buy' plan per task")
     ap.add_argument("--against", nargs="+", metavar="RUN", help="--score: also the paired difference to another "
                     "recipe's runs, the i-th run of each (the same training seed) on the same tasks")
+    ap.add_argument("--flush-denormal", action="store_true", help="torch.set_flush_denormal(True) before training: a "
+                    "trained base's backward pass makes subnormal floats, which these CPUs compute slowly "
+                    "(benchmarks/base_step_speed.py)")
     ap.add_argument("--split", choices=["val", "test"], default="test")
     ap.add_argument("--episodes", type=int, default=200)
     ap.add_argument("--decoding", choices=["free", "admissible"], default=None, help="--compare: override both runs'")
@@ -146,6 +149,11 @@ def main() -> None:
                           "option_examples": option, "mixed": round(mixed_mean, 1)}))
         return
     run = Path(args.out)
+    if args.flush_denormal:
+        import torch
+
+        if not torch.set_flush_denormal(True):
+            ap.error("--flush-denormal: this CPU does not support it")
     t0 = time.monotonic()
     stats = train_sft(model, tok, mixed, run / "model",
                       SFTConfig(max_steps=args.steps, learning_rate=args.lr, batch_size=args.batch_size,

@@ -46,7 +46,9 @@ EXP_DATA = ["dreamgym collect --policy noisy --noise 0.3 --episodes 2000 --split
 # 12M mixture tokens), run on the 2 CPU cores instead (2026-12-05, session 9): the device call's base, without a device.
 CPU_BASE = "runs/cpu6/g6"
 CPU_EXP = "runs/xb/exp_cpu6_val.json"  # its M_exp, the bench's 150 steps, val, seed 0
-CPU_POLICIES = (("cpu6-cwh12-s0", "runs/cmp/gpu_val_s0_cpu6.json"),)  # its 600 s policy (training seed 0), its val score
+CPU_POLICIES = tuple((f"cpu6-cwh12-s{s}", f"runs/cmp/gpu_val_s{s}_cpu6.json") for s in range(3))  # its policies (the
+# 600 s recipe, training seeds 0-2) and their val scores; then all three on test beside the shipped base's (CPU_TEST)
+CPU_TEST = "runs/cmp/cpu6_test.json"
 PROBE = "dreamgym model probe {} --json"  # the copy and answer probes, printed for each base (CPU_PROBES)
 CPU_PROBES = "runs/cpu6/probes.json"
 SHIPPED = {"shipped base (runs/cmp/cwh12-s0, benchmarks/results/compact_prompt.json)": "cwh12-s0",
@@ -128,6 +130,11 @@ def main() -> None:
             "train_command": summary["command"], **row, "option_ranking": with_interval(row["option_ranking"]),
             "success_wilson95": wilson(row["success"], row["episodes"]), "train_seconds": summary["seconds"],
             "score_command": score["command"]}
+    out["cpu_one_process"]["policy_test"] = read(CPU_TEST)  # bc_options.py --score ... --against (its command)
+    fd_score = read("runs/cmp/gpu_val_s0_cpu6fd.json")  # seed 0 again with bc_options.py --flush-denormal
+    out["cpu_one_process"]["flush_denormal_s0"] = {
+        "summary": read("runs/cmp/cpu6fd-cwh12-s0/summary.json"), "val": fd_score["rows"]["runs/cmp/cpu6fd-cwh12-s0"],
+        "val_command": fd_score["command"], "test_against_s0": read("runs/cmp/cpu6fd_test.json")}
     policy["no_purchase_episodes"] = (
         "python benchmarks/policy_diag.py runs/cmp/g6d-cwh12-s0 runs/cmp/g5-cwh12-s0 runs/cmp/g6c-cwh12-s0 --split "
         "val --episodes 200 --show-stalls 2: each printed no_buy episode (the right product with the right options, "
