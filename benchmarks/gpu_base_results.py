@@ -49,6 +49,8 @@ CPU_EXP = "runs/xb/exp_cpu6_val.json"  # its M_exp, the bench's 150 steps, val, 
 CPU_POLICIES = tuple((f"cpu6-cwh12-s{s}", f"runs/cmp/gpu_val_s{s}_cpu6.json") for s in range(3))  # its policies (the
 # 600 s recipe, training seeds 0-2) and their val scores; then all three on test beside the shipped base's (CPU_TEST)
 CPU_TEST = "runs/cmp/cpu6_test.json"
+# seed 0 again with bc_options.py --flush-denormal: its run, val score and test score against the run without it
+CPU_FLUSH = ("runs/cmp/cpu6fd-cwh12-s0", "runs/cmp/gpu_val_s0_cpu6fd.json", "runs/cmp/cpu6fd_test.json")
 PROBE = "dreamgym model probe {} --json"  # the copy and answer probes, printed for each base (CPU_PROBES)
 CPU_PROBES = "runs/cpu6/probes.json"
 SHIPPED = {"shipped base (runs/cmp/cwh12-s0, benchmarks/results/compact_prompt.json)": "cwh12-s0",
@@ -131,10 +133,11 @@ def main() -> None:
             "success_wilson95": wilson(row["success"], row["episodes"]), "train_seconds": summary["seconds"],
             "score_command": score["command"]}
     out["cpu_one_process"]["policy_test"] = read(CPU_TEST)  # bc_options.py --score ... --against (its command)
-    fd_score = read("runs/cmp/gpu_val_s0_cpu6fd.json")  # seed 0 again with bc_options.py --flush-denormal
+    fd_run, fd_val, fd_test = CPU_FLUSH
+    fd_score = read(fd_val)
     out["cpu_one_process"]["flush_denormal_s0"] = {
-        "summary": read("runs/cmp/cpu6fd-cwh12-s0/summary.json"), "val": fd_score["rows"]["runs/cmp/cpu6fd-cwh12-s0"],
-        "val_command": fd_score["command"], "test_against_s0": read("runs/cmp/cpu6fd_test.json")}
+        "summary": read(f"{fd_run}/summary.json"), "val": fd_score["rows"][fd_run], "val_command": fd_score["command"],
+        "test_against_s0": read(fd_test)}
     policy["no_purchase_episodes"] = (
         "python benchmarks/policy_diag.py runs/cmp/g6d-cwh12-s0 runs/cmp/g5-cwh12-s0 runs/cmp/g6c-cwh12-s0 --split "
         "val --episodes 200 --show-stalls 2: each printed no_buy episode (the right product with the right options, "
