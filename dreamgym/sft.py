@@ -63,6 +63,10 @@ class SFTConfig(BaseModel):
     bf16: bool = False
     group_by_length: bool = Field(default=False, description="batch examples of similar length together "
                                   "(transformers' LengthGroupedSampler): less padding, the same examples per epoch")
+    flush_denormal: bool = Field(default=False, description="treat subnormal floats as zero while training on a "
+                                 "CPU (torch.set_flush_denormal): the same model, and on the policy's base "
+                                 "(pretrained-policy) 0.42 s a step of 16 instead of 0.66 on 2 cores, whose "
+                                 "backward pass makes subnormals (benchmarks/results/base_step_speed.json)")
 
     def after(self, spent_s: float) -> SFTConfig:
         """This config with ``spent_s`` seconds of preparation taken off its time budget (at least 1 s left,
@@ -244,12 +248,22 @@ def train_sft(
     ``out_dir/checkpoints/runs``. Returns a summary (examples, target tokens, steps, final loss, seconds, and
     ``time_cap_fired``: whether ``cfg.time_budget_s`` stopped it before its epochs / max_steps ended).
     """
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    if cfg.flush_denormal and not torch.set_flush_denormal(True):  # process-wide; undone after training
+        log.warning("flush_denormal: this CPU cannot flush subnormal floats; training without it")
+    try:
+        return _train(model, tokenizer, examples, Path(out_dir), cfg, eval_examples, resume)
+    finally:
+        if cfg.flush_denormal:
+            torch.set_flush_denormal(False)
+
+
+def _train(model: Any, tokenizer: Any, examples: Sequence[SFTExample], out: Path, cfg: SFTConfig,
+           eval_examples: Sequence[SFTExample] | None, resume: bool) -> dict[str, Any]:
     from transformers import TrainingArguments
     from transformers.trainer_utils import get_last_checkpoint
 
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
-    out = Path(out_dir)
     ckpt_dir = out / "checkpoints"
     train_ds = TokenizedDataset(tokenizer, examples, cfg.max_length)
     eval_ds = TokenizedDataset(tokenizer, eval_examples, cfg.max_length) if eval_examples else None

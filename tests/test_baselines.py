@@ -85,6 +85,19 @@ def test_bc_examples_are_the_valid_steps_of_successes_with_full_context() -> Non
     assert len(bc_examples(data, PolicyConfig(), only_successful=False)) == 3
 
 
+def test_final_repeat_clones_the_ending_step_again_and_only_it() -> None:
+    """final_repeat: the step that ends a cloned trajectory (done) appears K times; a trajectory cut on-path at a
+    detour has none."""
+    ended = traj("a", ["p", "q", "r"], success=True)
+    cut = traj("b", ["p", "q", "s"], success=True)
+    cut.transitions[1].info["detour"] = True
+    targets = [e.target for e in bc_examples([ended, cut], PolicyConfig(), final_repeat=3, on_path_only=True)]
+    assert targets == ["<action>p</action>", "<action>q</action>", *["<action>r</action>"] * 3, "<action>p</action>"]
+    assert len(bc_examples([ended], PolicyConfig())) == 3
+    with pytest.raises(ValueError, match="final_repeat"):
+        bc_examples([ended], PolicyConfig(), final_repeat=0)
+
+
 def test_noisy_collection_flags_its_detours_and_bc_learns_only_the_oracle_steps() -> None:
     shop = make("shop", **SHOP)
     data = list(iter_episodes(shop, shop.scripted_policy("noisy", seed=3, noise=0.5), 12, seed=0))
@@ -448,3 +461,29 @@ def test_a_time_cap_that_cuts_the_schedule_short_is_reported(oracle: list[Trajec
     sft = SFTConfig(epochs=1000, batch_size=8, num_threads=1, save_steps=100000, time_budget_s=1.0)
     summary = train_bc([tmp_path / "d.jsonl"], "micro", tmp_path / "run", sft, PolicyConfig(action_format="index"))
     assert summary["time_cap_fired"] is True and summary["epochs"] < 1000
+
+
+def test_flush_denormal_holds_only_while_training(oracle: list[Trajectory], tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """SFTConfig.flush_denormal treats subnormal floats as zero during training (the policy's base makes them in
+    its backward pass: benchmarks/results/base_step_speed.json) and leaves the process as it found it."""
+    import dreamgym.sft as sft_module
+
+    def flushed() -> bool:
+        return float((torch.tensor([1e-39]) * 1.0).item()) == 0.0  # 1e-39 is subnormal in float32
+
+    seen: list[bool] = []
+    real_train = sft_module._train
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(flushed())
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(sft_module, "_train", spy)
+    write_trajectories(tmp_path / "d.jsonl", oracle)
+    for flag in (True, False):
+        sft = SFTConfig(max_steps=2, batch_size=8, num_threads=1, save_steps=100000, flush_denormal=flag)
+        summary = train_bc([tmp_path / "d.jsonl"], "micro", tmp_path / f"run{flag}", sft, PolicyConfig())
+        assert summary["steps"] == 2
+        assert not flushed()
+    assert seen == [True, False]

@@ -16,7 +16,16 @@ from dreamgym.agent.policy import parse_action
 from dreamgym.envs.shop.catalog import build_catalog
 from dreamgym.envs.shop.tasks import build_tasks
 from dreamgym.experience.protocol import ProtocolConfig, parse_output
-from dreamgym.llm.pretrained import ASSET_DIR, BaseModelError, base_info, read_manifest, resolve_model, sha256
+from dreamgym.llm.pretrained import (
+    ASSET_DIR,
+    BaseModelError,
+    base_dir,
+    base_info,
+    pack_base,
+    read_manifest,
+    resolve_model,
+    sha256,
+)
 from dreamgym.pretrain.corpus import RECIPES, examples
 
 
@@ -103,12 +112,56 @@ def test_shipped_base_matches_its_manifest_and_loads() -> None:
     assert tokenizer.tokenize("B0N38ATR")[:3] == ["B", "0", "N"]
 
 
-def test_model_info_json() -> None:
-    r = run("model", "info", "pretrained", "--json")
+@pytest.mark.parametrize("name", ["pretrained", "pretrained-policy"])
+def test_model_info_json(name: str) -> None:
+    r = run("model", "info", name, "--json")
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert set(got) == {"path", "params", "bytes", "sha256", "tokens_seen"}
-    assert got["sha256"] == read_manifest(ASSET_DIR)["files"]
+    assert got["sha256"] == read_manifest(base_dir(name))["files"]
+
+
+def test_policy_base_is_packed_and_loads_as_float32() -> None:
+    """The policy's base ships at half precision (both bases within 10 MB) and loads as the float32 it was measured
+    in, from a manifest that names its pre-training and its packing."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    path = Path(resolve_model("pretrained-policy"))
+    manifest = read_manifest(path)
+    assert manifest["corpus_version"] == "6" and manifest["copy_warmup"] and manifest["match_warmup"]
+    assert manifest["packed"]["dtype"] == "float16" and manifest["packed"]["max_relative_error"] < 1e-3
+    assert "dreamgym model pretrain" in manifest["command"]
+    assert manifest["packed"]["command"].startswith("dreamgym model pack ")
+    assert {t.dtype for t in load_file(str(path / "model.safetensors")).values()} == {torch.float16}
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert sum(p.numel() for p in model.parameters()) == manifest["params"]
+    assert base_info("pretrained")["bytes"] + base_info("pretrained-policy")["bytes"] <= 10 * 2**20
+
+
+def test_pack_halves_the_weights_and_keeps_the_model(tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    manifest = pack_base("pretrained", tmp_path / "packed", command="dreamgym model pack pretrained --out X")
+    assert read_manifest(tmp_path / "packed") == manifest  # every file checks against the new sha256s
+    assert manifest["packed"]["from_model_sha256"] == read_manifest(ASSET_DIR)["files"]["model.safetensors"]
+    src_bytes = (ASSET_DIR / "model.safetensors").stat().st_size
+    assert (tmp_path / "packed" / "model.safetensors").stat().st_size < 0.55 * src_bytes
+    tokenizer = AutoTokenizer.from_pretrained(ASSET_DIR)
+    ids = tokenizer("[1] button: Buy Now\n[2] option: size 9", return_tensors="pt").input_ids
+    with torch.no_grad():
+        a = AutoModelForCausalLM.from_pretrained(ASSET_DIR)(ids).logits
+        b = AutoModelForCausalLM.from_pretrained(tmp_path / "packed")(ids).logits
+    assert b.dtype == torch.float32
+    assert (a - b).abs().max() < 0.05 * a.abs().max() and torch.equal(a.argmax(-1), b.argmax(-1))
+    with pytest.raises(ValueError, match="not empty"):
+        pack_base("pretrained", tmp_path / "packed")
+    r = run("model", "pack", "pretrained", "--out", str(tmp_path / "p2"), "--dtype", "int8")
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "int8" in lines[0], r.stderr
 
 
 @pytest.mark.parametrize("damage", ["truncate", "missing", "manifest"])
@@ -442,6 +495,40 @@ def test_echo_examples_copy_the_state_unchanged() -> None:
         assert parsed is not None and parsed.next_state == state and parsed.reward == 0.0 and not parsed.done
 
 
+def test_recipe_7_writes_purchases_as_the_shop_default_does() -> None:
+    """Recipe 7's purchases: the trace checks the kind first (``type wished=shown y|n``), a purchase of another kind
+    scores TYPE_FACTOR of its checks, and the target points at the prompt with copy references (``buy @1.1``) that
+    the shop's parser expands back to the trace and page."""
+    import random
+    import re
+
+    from dreamgym.experience.protocol import ExperienceQuery
+    from dreamgym.pretrain.corpus import SHOP_PROTOCOLS, TYPE_FACTOR, Site, _wish, exp_target, step_buy_typed
+
+    rng = random.Random(7)
+    cfg = SHOP_PROTOCOLS[0][1]
+    assert cfg.copy_refs and cfg.exact_neighbours and cfg.k == 1
+    kinds = []
+    for _ in range(60):
+        site = Site.random(rng, compact=True)
+        step = step_buy_typed(site, _wish(site, rng.choice(site.items), rng), rng)
+        m = re.fullmatch(r"buy (\S+); type (\S+)=(\S+) ([yn]); .*; score (0\.5\*)?(\d+)/(\d+)=(\d\.\d\d) -> done",
+                         step.reasoning)
+        assert m, step.reasoning
+        same = m[4] == "y"
+        kinds.append(same)
+        assert (m[2] == m[3]) == same and (m[5] is None) == same and m[1] in step.state.splitlines()[0]
+        assert step.reward == round((1.0 if same else TYPE_FACTOR) * int(m[6]) / int(m[7]), 2) == float(m[8])
+        query = ExperienceQuery(step.instruction, [("", a) for a in step.history], step.neighbours, step.state,
+                                step.action)
+        target = exp_target(step, query, cfg)
+        assert target.startswith("<think>buy @1.1; type "), target
+        parsed = parse_output(target, cfg, query=query).prediction
+        assert parsed is not None and parsed.reasoning == step.reasoning and parsed.next_state == step.next_state
+        assert parsed.reward == step.reward and parsed.done
+    assert 0.5 < sum(kinds) / len(kinds) < 0.9  # both kinds, mostly the wished one
+
+
 # sha256 of the first 50 examples of seed 0 per recipe, and of the copy probe's first held-out examples: a recipe's
 # stream is what its base was trained on, so a change to the generator must not move an existing recipe's draws
 # (`dreamgym model pretrain` with a manifest's flags must rebuild that base), and it must not depend on the
@@ -453,6 +540,7 @@ STREAM_SHA256 = {
     "4": "bc59ba8dcbc470ec65dbe5d603bdcc1ed7304198aeb9286dd51182db22443e7e",
     "5": "82aae6e8567d4e350d729c417e67f97feacd86fee2d7c243c86d12d82fba642f",
     "6": "18e313dc0b9f65ff0c7d02a4fb8d3d2638441e8c30cf806e6474d5defb35f373",
+    "7": "01921d6bb94d330deba1924421ae83abfc0b3c4f9fcc2ca709eb0c1abd43c1eb",
     "probe": "6b03d890c52c93011baf41cd905ecf1227ca43a844d2848cdc661234d2b4a811",
 }
 

@@ -68,7 +68,7 @@ def on_path(traj: Trajectory) -> Trajectory:
 
 def bc_examples(
     trajs: Sequence[Trajectory], policy_cfg: PolicyConfig, only_successful: bool = True, skip_detours: bool = True,
-    decision_repeat: int = 1, on_path_only: bool = False,
+    decision_repeat: int = 1, on_path_only: bool = False, final_repeat: int = 1,
 ) -> list[SFTExample]:
     """One example per valid step of the (successful) trajectories. Steps flagged ``invalid_action`` are
     skipped (they changed nothing: cloning them teaches a wasted turn) and counted in the log, as are steps
@@ -84,11 +84,17 @@ def bc_examples(
     from the noise. A recovery's label depends on the history (on the shop, 29% of the results-page steps answer
     "back to search" after a detour's search, the rest click a product), which a small policy learns late: cloned
     on-path, the shop's policy plays the search, click, buy plan after 900 steps of 16, where it had not yet
-    opened a product after 1,000 (``benchmarks/bc_options.py --on-path``, README)."""
-    if decision_repeat < 1:
-        raise ValueError(f"decision_repeat must be >= 1, got {decision_repeat}")
+    opened a product after 1,000 (``benchmarks/bc_options.py --on-path``, README).
+
+    ``final_repeat``: the step that ends each cloned trajectory (done: on the shop, the purchase) appears that many
+    times. With decision steps repeated, the step after the last of them is rare by comparison: cloned with the
+    shop's option clicks ×12 from the policy's base, 56 of 200 val episodes selected the task's options and then
+    clicked the last one again until the step limit, never buying (journal, "The policy's base shipped").
+    On-path, a trajectory cut at a detour has no final step."""
+    if decision_repeat < 1 or final_repeat < 1:
+        raise ValueError(f"decision_repeat and final_repeat must be >= 1, got {decision_repeat}, {final_repeat}")
     examples: list[SFTExample] = []
-    invalid = missing_admissible = detours = decisions = 0
+    invalid = missing_admissible = detours = decisions = finals = 0
     deciders: dict[str, Any] = {}  # env name -> its EnvSpec.decision_step (None: none), looked up once
     for traj in trajs:
         if only_successful and not traj.success:
@@ -112,7 +118,11 @@ def bc_examples(
             repeat = decision_repeat if decision is not None and decision(x.state, x.action, obs.admissible_actions) \
                 else 1
             decisions += repeat > 1
+            if x.done and final_repeat > 1:
+                repeat, finals = max(repeat, final_repeat), finals + 1
             examples.extend([example] * repeat)
+    if finals:
+        log.info("behaviour cloning: %d final steps, each %d times", finals, final_repeat)
     if decisions:
         log.info("behaviour cloning: %d decision steps, each %d times", decisions, decision_repeat)
     elif decision_repeat > 1:
@@ -185,6 +195,7 @@ def train_bc(
     skip_detours: bool = True,
     decision_repeat: int = 1,
     on_path_only: bool = False,
+    final_repeat: int = 1,
 ) -> dict[str, Any]:
     """Behaviour-clone the successful trajectories of ``data_paths`` (see :func:`bc_examples`) into a policy run
     dir; return the summary (also written to ``out_run_dir/summary.json``). A rerun into the same dir resumes from
@@ -195,7 +206,7 @@ def train_bc(
     started = time.monotonic()
     trajs = read_data(data_paths)
     examples = bc_examples(trajs, policy_cfg, skip_detours=skip_detours, decision_repeat=decision_repeat,
-                           on_path_only=on_path_only)
+                           on_path_only=on_path_only, final_repeat=final_repeat)
     if not examples:
         raise DataError(f"{', '.join(map(str, data_paths))}: no successful trajectories to clone")
     hf_model, tokenizer = init_model(model, trajs, examples, vocab_size, sft_cfg.seed)
@@ -221,6 +232,7 @@ def train_bc(
         "skip_detours": skip_detours,
         "decision_repeat": decision_repeat,
         "on_path_only": on_path_only,
+        "final_repeat": final_repeat,
         "examples": len(examples),
         "distinct_examples": len({id(e) for e in examples}),
         **stats,

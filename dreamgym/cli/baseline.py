@@ -15,7 +15,7 @@ console = Console(stderr=True)
 @baseline_app.command("sft")
 def sft_cmd(
     data: list[Path] = typer.Option(..., "--data", help="trajectory file (.jsonl/.parquet); repeat"),
-    model: str = typer.Option("pretrained", help="pretrained (the shipped base) | a tiny preset (micro | small | "
+    model: str = typer.Option("pretrained", help="pretrained | pretrained-policy (the shipped bases) | a tiny preset (micro | small | "
                               "base) | a HF model / policy run dir"),
     out: Path = typer.Option(..., help="policy run dir to write (a rerun resumes from its checkpoints)"),
     epochs: float = typer.Option(3.0, help="passes over the examples"),
@@ -36,6 +36,8 @@ def sft_cmd(
                                       "words after a space, as the task spells them (PolicyConfig.answer_words)"),
     decision_repeat: int = typer.Option(1, min=1, help="clone each decision step (the env's EnvSpec.decision_step: "
                                         "on the shop, an option click) this many times"),
+    final_repeat: int = typer.Option(1, min=1, help="clone the step that ends each trajectory (on the shop, the "
+                                     "purchase) this many times"),
     on_path: bool = typer.Option(False, "--on-path", help="clone each trajectory only up to its first detour (the "
                                  "states the oracle reaches by itself), not the oracle's recoveries from the noise"),
     seed: int = typer.Option(0, help="model init and data order seed"),
@@ -57,7 +59,7 @@ def sft_cmd(
                               answer_by_name=answer_by_name, prompt=prompt,  # type: ignore[arg-type]
                               answer_words=answer_words)
     summary = train_bc(data, model, out, sft_cfg, policy_cfg, vocab_size, decision_repeat=decision_repeat,
-                       on_path_only=on_path)
+                       on_path_only=on_path, final_repeat=final_repeat)
     keys = ("examples", "real_transitions", "epochs", "train_loss", "seconds")
     console.print(f"saved the behaviour-cloned policy to {out}")
     print(json.dumps({k: summary[k] for k in keys}))

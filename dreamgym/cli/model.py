@@ -15,8 +15,8 @@ console = Console()
 
 @model_app.command("init")
 def init(
-    preset: str = typer.Option("micro", help="pretrained (the shipped base, ~1.3M) | micro (~0.2M params, tests) | "
-                               "small (~3.7M) | base (~21M)"),
+    preset: str = typer.Option("micro", help="pretrained (the shipped base, ~1.3M) | pretrained-policy (the shipped "
+                               "policy's base, ~1.3M) | micro (~0.2M params, tests) | small (~3.7M) | base (~21M)"),
     corpus: list[Path] = typer.Option([], "--corpus", help="text or trajectory (.jsonl/.parquet) file; repeat "
                                       "(not with pretrained)"),
     out: Path = typer.Option(..., help="output model directory (must be empty or absent)"),
@@ -27,12 +27,12 @@ def init(
     initialised tiny Llama with a byte-level BPE tokenizer trained on the corpus."""
     from transformers.utils import logging as hf_logging
 
-    from dreamgym.llm.pretrained import PRETRAINED, copy_base
+    from dreamgym.llm.pretrained import BASES, copy_base
     from dreamgym.llm.tiny import init_tiny_model
 
-    if preset == PRETRAINED:
-        copied = copy_base(out)
-        console.print(f"copied the pre-trained base ({copied['params'] / 1e6:.2f}M params, "
+    if preset in BASES:
+        copied = copy_base(out, preset)
+        console.print(f"copied the pre-trained base {preset} ({copied['params'] / 1e6:.2f}M params, "
                       f"{copied['tokens_seen']:,} tokens seen) to {out}")
         return
     hf_logging.disable_progress_bar()
@@ -57,7 +57,8 @@ def pretrain(
     corpus_version: str = typer.Option("1", help="corpus recipe (dreamgym.pretrain.corpus.RECIPES): 1 (the "
                                        "shipped base's), 2 (a recurring site pool), 3 (2 + a made-up lexicon), "
                                        "4 (compact sites + echo), 5 (4 + the option match, agent examples answered "
-                                       "by their words), 6 (5 + finished item pages: buy)"),
+                                       "by their words), 6 (5 + finished item pages: buy), 7 (6 with M_exp examples in the "
+                                       "shop default's protocol: copy references, exact neighbours, typed purchases)"),
     group_by_length: bool = typer.Option(False, help="batch examples of similar length (less padding, faster)"),
     induction_steps: int = typer.Option(0, min=0, help="steps of the procedural copy warm-up (random tokens shown "
                                         "twice) before the corpus, on a fresh model"),
@@ -86,6 +87,26 @@ def pretrain(
                              copy_steps=copy_steps, match_steps=match_steps)
     console.print(f"pre-trained {preset} ({manifest['params'] / 1e6:.2f}M params) on {manifest['tokens_seen']:,} "
                   f"tokens in {manifest['train_seconds']:.0f} s, loss {manifest['train_loss']:.3f}: {out}")
+
+
+@model_app.command("pack")
+def pack(
+    src: str = typer.Argument(..., help="a base directory (dreamgym model pretrain's --out) or a shipped base's name"),
+    out: Path = typer.Option(..., help="output directory (must be empty or absent)"),
+    dtype: str = typer.Option("float16", help="float16 | bfloat16: how the weights are stored (loaded as float32)"),
+) -> None:
+    """Pack a base for shipping: its inference files only, the weights stored at half precision (half the bytes),
+    and a manifest with the new sha256 of every file, the rounding error and this command."""
+    import shlex
+    import sys
+
+    from dreamgym.llm.pretrained import pack_base
+
+    command = "dreamgym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    manifest = pack_base(src, out, dtype, command=command)
+    size = sum((out / n).stat().st_size for n in manifest["files"])
+    console.print(f"packed {src} as {dtype} ({size / 2**20:.2f} MiB, largest relative rounding error "
+                  f"{manifest['packed']['max_relative_error']:.1e}): {out}")
 
 
 @model_app.command("probe")
@@ -131,7 +152,8 @@ def probe(
 
 @model_app.command("info")
 def info(
-    name: str = typer.Argument("pretrained", help="'pretrained' (the shipped base) or a base directory"),
+    name: str = typer.Argument("pretrained", help="'pretrained' or 'pretrained-policy' (the shipped bases) or a base "
+                               "directory"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Path, parameters, bytes, sha256 and tokens seen of a pre-trained base (checked against its manifest)."""

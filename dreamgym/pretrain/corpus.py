@@ -41,12 +41,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from dreamgym.agent.policy import AgentObservation, PolicyConfig, action_target, build_agent_prompt
+from dreamgym.experience.copyrefs import encode_inline, encode_refs
 from dreamgym.experience.protocol import (
     ExperienceQuery,
     Neighbour,
     ProtocolConfig,
     build_messages,
     format_target,
+    ref_context,
 )
 from dreamgym.sft import SFTExample
 
@@ -63,6 +65,8 @@ class Recipe:
     compact: bool = False  # short examples: smaller sites, shorter words, mostly no system text (more steps a token)
     agent_words: bool = False  # agent examples in the shop policy's compact prompt, options answered by their words
     match_finished: float = 0.0  # share of match examples whose named options are all selected: the answer is buy
+    shop_protocol: bool = False  # M_exp examples in the shop default's protocol (SHOP_PROTOCOLS): copy references,
+    # exact neighbours, and purchases checked with a type clause first ("buy_typed")
 
 
 # The agent share is smaller: choosing is one token, copying is many.
@@ -101,6 +105,15 @@ RECIPES: dict[str, Recipe] = {
     "6": Recipe(_SKILLS_V5, site_pool=256, fresh_site_share=0.25, rng_tag="6", compact=True, agent_words=True,
                 match_finished=0.25),
 }
+# Recipe 5's shares with every purchase a typed one (step_buy_typed).
+_SKILLS_V7 = {("buy_typed" if k == "buy" else k): v for k, v in _SKILLS_V5.items()}
+RECIPES["7"] = Recipe(_SKILLS_V7, site_pool=256, fresh_site_share=0.25, rng_tag="7", compact=True, agent_words=True,
+                      match_finished=0.25, shop_protocol=True)
+# 7: recipe 6 with its M_exp examples written in the shop default's exact protocol. A base made by recipe 6 scores
+# the corpus's purchases whole (1.000) but, fine-tuned as M_exp on the shop, writes garbled purchase traces: the
+# corpus's traces read ``buy QXZW90FY; attr ...`` where the shop's default writes ``buy @1.1; type a=b y; attr ...``
+# (copy references, a type clause), so the skill met a format it had never seen (journal, "The GPU script's base,
+# made on the CPU").
 CORPUS_VERSION = "1"  # the default recipe (the shipped base's)
 SKILLS = _SKILLS_V1
 
@@ -388,6 +401,34 @@ def step_buy(site: Site, wish: Wish, rng: random.Random) -> Step:
                 f"buy {it.code}; {trace} -> done", reward=round(score, 2), done=True, neighbours=nb)
 
 
+TYPE_FACTOR = 0.5  # a typed purchase of another kind of item scores this share of its checks (stated nowhere)
+
+
+def step_buy_typed(site: Site, wish: Wish, rng: random.Random) -> Step:
+    """:func:`step_buy` whose item is sometimes of another kind than the wish's, checked first in the trace the way
+    the shop's purchase trace checks the product type (``type wished=shown y|n``), the score then multiplied by
+    :data:`TYPE_FACTOR` (``score 0.5*3/4=0.38``)."""
+    it = rng.choice(site.items)
+    if rng.random() < 0.3:  # another kind of item, its kind shown in its title
+        it = Item(it.code, it.brand, it.attrs, _word(rng, (1, 2)).title(), it.price)
+    same_kind = it.noun.lower() == site.noun.lower()
+    selected = _selection(site, rng)
+    if rng.random() < 0.4:
+        selected.update(wish.opts)
+    checks = wish.checks(it, selected)
+    met = sum(ok for _, ok in checks)
+    score = round((1.0 if same_kind else TYPE_FACTOR) * met / len(checks), 2)
+    factor = "" if same_kind else f"{TYPE_FACTOR:g}*"
+    trace = "; ".join([f"buy {it.code}", f"type {site.noun.lower()}={it.noun.lower()} {'y' if same_kind else 'n'}",
+                       *(text for text, _ in checks), f"score {factor}{met}/{len(checks)}={score:.2f} -> done"])
+    nb_item, nb_sel = rng.choice(site.items), _selection(site, rng)
+    nb_score = wish.score(nb_item, nb_sel)[0]
+    nb = [_neighbour(_label_action(site.buy, rng), _render(site.leaf_page(nb_item, nb_sel, nb_score)), nb_score, True)]
+    return Step(wish.instruction(site, rng), [f"click[{it.code.lower()}]"], _render(site.item_page(it, selected)),
+                _label_action(site.buy, rng), _render(site.leaf_page(it, selected, score)), trace, reward=score,
+                done=True, neighbours=nb)
+
+
 def step_search(site: Site, wish: Wish, rng: random.Random) -> Step:
     query = " ".join(wish.attrs) if rng.random() < 0.5 else wish.instruction(site, rng)
     shown, _, total = _results(site, rng)
@@ -486,7 +527,8 @@ def step_world(rng: random.Random) -> Step:
                 reward=0.0, done=False, neighbours=nb)
 
 
-STEP_MAKERS = {"open": step_open, "select": step_select, "buy": step_buy, "search": step_search,
+STEP_MAKERS = {"open": step_open, "select": step_select, "buy": step_buy, "buy_typed": step_buy_typed,
+               "search": step_search,
                "detail": step_detail, "invalid": step_invalid}
 
 
@@ -594,17 +636,36 @@ PROTOCOLS = [
 ]
 # Recipe 4's (compact): the system text rarely, its tokens buy no learning.
 COMPACT_PROTOCOLS = [(0.7, PROTOCOLS[0][1]), (0.22, PROTOCOLS[1][1]), (0.08, PROTOCOLS[2][1])]
+# Recipe 7's: the shop default's (DemoConfig.exp_protocol: k=1, copy references, exact neighbours), and k=0.
+SHOP_PROTOCOLS = [
+    (0.8, ProtocolConfig(history_window=2, k=1, neighbour_states=False, system_prompt="", ground_action=True,
+                         copy_refs=True, exact_neighbours=True)),
+    (0.2, ProtocolConfig(history_window=2, k=0, neighbour_states=False, system_prompt="", ground_action=True,
+                         copy_refs=True, exact_neighbours=True)),
+]
+EXACT_SHARE = 0.15  # recipe 7: share of k=1 examples whose neighbour is the very step, recorded before
 AGENT_CONFIG = PolicyConfig(action_format="index", offer_task_search=True)
 
 
-def _exp_example(step: Step, rng: random.Random, compact: bool = False) -> SFTExample:
-    protocols = COMPACT_PROTOCOLS if compact else PROTOCOLS
+def _exp_example(step: Step, rng: random.Random, compact: bool = False, shop_protocol: bool = False) -> SFTExample:
+    protocols = SHOP_PROTOCOLS if shop_protocol else COMPACT_PROTOCOLS if compact else PROTOCOLS
     cfg = rng.choices([c for _, c in protocols], weights=[w for w, _ in protocols])[0]
     history = [("", a) for a in step.history]
-    query = ExperienceQuery(step.instruction, history, step.neighbours, step.state, step.action)
-    success = step.done and step.reward >= 1.0
-    target = format_target(step.next_state, step.reward, step.done, success, step.reasoning, cfg)
-    return SFTExample(build_messages(query, cfg), target)
+    neighbours = step.neighbours
+    if shop_protocol and cfg.k and rng.random() < EXACT_SHARE:
+        neighbours = [Neighbour(step.state, step.action, step.next_state, step.reward, step.done, step.instruction)]
+    query = ExperienceQuery(step.instruction, history, neighbours, step.state, step.action)
+    return SFTExample(build_messages(query, cfg), exp_target(step, query, cfg))
+
+
+def exp_target(step: Step, query: ExperienceQuery, cfg: ProtocolConfig) -> str:
+    """What M_exp writes for ``step`` asked as ``query``; with ``cfg.copy_refs`` pointing into the prompt, as the
+    shop's targets are written (:func:`dreamgym.experience.protocol.step_target`)."""
+    next_state, reasoning = step.next_state, step.reasoning
+    if cfg.copy_refs:
+        ctx = ref_context(query, cfg)
+        next_state, reasoning = encode_refs(next_state.strip(), ctx), encode_inline(reasoning.strip(), ctx)
+    return format_target(next_state, step.reward, step.done, step.done and step.reward >= 1.0, reasoning, cfg)
 
 
 def example(rng: random.Random, pool: list[Site] | None = None, recipe: Recipe = RECIPES[CORPUS_VERSION]) -> SFTExample:
@@ -612,17 +673,18 @@ def example(rng: random.Random, pool: list[Site] | None = None, recipe: Recipe =
     ``fresh_site_share`` of them and when there is no pool, on a fresh one)."""
     skill = rng.choices(list(recipe.skills), weights=list(recipe.skills.values()))[0]
     return example_of(skill, rng, pool, recipe.fresh_site_share, recipe.compact, recipe.agent_words,
-                      recipe.match_finished)
+                      recipe.match_finished, recipe.shop_protocol)
 
 
 def example_of(skill: str, rng: random.Random, pool: list[Site] | None = None, fresh_share: float = 0.0,
-               compact: bool = False, words: bool = False, finished_share: float = 0.0) -> SFTExample:
+               compact: bool = False, words: bool = False, finished_share: float = 0.0,
+               shop_protocol: bool = False) -> SFTExample:
     """One example of ``skill`` (see :func:`example`); ``words``: agent examples in :data:`WORDS_CONFIG`'s format;
-    ``finished_share``: :func:`match_step`'s."""
+    ``finished_share``: :func:`match_step`'s; ``shop_protocol``: M_exp examples in :data:`SHOP_PROTOCOLS`."""
     if skill == "world":
-        return _exp_example(step_world(rng), rng, compact)
+        return _exp_example(step_world(rng), rng, compact, shop_protocol)
     if skill == "echo":
-        return _exp_example(step_echo(rng), rng, compact)
+        return _exp_example(step_echo(rng), rng, compact, shop_protocol)
     if skill == "match":
         obs, action = match_step(rng, compact, finished_share)
         cfg = WORDS_CONFIG if words else MATCH_CONFIG
@@ -633,7 +695,7 @@ def example_of(skill: str, rng: random.Random, pool: list[Site] | None = None, f
         obs, action = choose_step(site, wish, rng)
         cfg = WORDS_CONFIG if words else AGENT_CONFIG
         return SFTExample(build_agent_prompt(obs, cfg), action_target(obs, action, cfg))
-    return _exp_example(STEP_MAKERS[skill](site, wish, rng), rng, compact)
+    return _exp_example(STEP_MAKERS[skill](site, wish, rng), rng, compact, shop_protocol)
 
 
 def examples(seed: int, version: str = CORPUS_VERSION, stream: str = "train") -> Iterator[SFTExample]:

@@ -1,0 +1,78 @@
+"""Two benches' rows, paired task by task: what changing one thing (the policy's base, say) did to each row.
+
+    python benchmarks/bench_pair.py NEW/bench.json OLD/bench.json [--out FILE.json]
+
+For each row both benches ran, on the seeds both ran: the success and mean reward of each, and NEW minus OLD as a
+paired bootstrap CI over seeds and tasks (``dreamgym.stats``; the benches' tasks are the same seeded test tasks, so
+a task's two outcomes pair up; checked by task id) with the two-sided exact sign test on the tasks where exactly
+one of the two succeeded. A row's seeds must carry the same task ids in the same order on both sides, else the
+pair is an error (exit 2), never a silently misaligned comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dreamgym.stats import bootstrap_ci, paired_bootstrap_ci, sign_test
+
+
+def _rows(path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        bench = json.loads(path.read_text(encoding="utf-8"))
+        return {r["row"]: r for r in bench["rows"]}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a bench.json ({type(e).__name__})") from None
+
+
+def pair(new: dict[str, dict[str, Any]], old: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for row in [r for r in new if r in old]:
+        a, b = new[row]["per_task"], old[row]["per_task"]
+        seeds = [s for s in a if s in b]
+        for s in seeds:
+            if [t["task_id"] for t in a[s]] != [t["task_id"] for t in b[s]]:
+                raise ValueError(f"row {row}, {s}: the two benches' tasks differ; they cannot be paired")
+        entry: dict[str, Any] = {"row": row, "method": new[row]["method"], "seeds": seeds}
+        for key in ("success", "reward"):
+            x = [[float(t[key]) for t in a[s]] for s in seeds]
+            y = [[float(t[key]) for t in b[s]] for s in seeds]
+            sign = sign_test([v for xs in x for v in xs], [v for ys in y for v in ys])
+            entry[key] = {"new": bootstrap_ci(x), "old": bootstrap_ci(y), "new_minus_old": paired_bootstrap_ci(x, y),
+                          "new_better": sign["a_better"], "old_better": sign["b_better"], "sign_test_p": sign["p"]}
+        out.append(entry)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("new", type=Path)
+    ap.add_argument("old", type=Path)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    try:
+        rows = pair(_rows(args.new), _rows(args.old))
+        if not rows:
+            raise ValueError(f"{args.new} and {args.old} share no row")
+    except ValueError as e:
+        print(f"bench_pair.py: {e}", file=sys.stderr)
+        sys.exit(2)
+    for r in rows:
+        s = r["success"]
+        d = s["new_minus_old"]
+        print(f"{r['method']:<28} {s['new']['mean']:.3f} vs {s['old']['mean']:.3f}: {d['mean']:+.3f} "
+              f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}], {s['new_better']} / {s['old_better']} tasks, "
+              f"p={s['sign_test_p']:.3g}")
+    if args.out:
+        command = "python benchmarks/bench_pair.py " + " ".join(sys.argv[1:])
+        args.out.write_text(json.dumps({"command": command, "new": str(args.new), "old": str(args.old),
+                                        "rows": rows}, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
