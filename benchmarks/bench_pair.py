@@ -19,7 +19,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dreamgym.stats import bootstrap_ci, paired_bootstrap_ci, sign_test
+from dreamgym.bench import paired
+from dreamgym.stats import bootstrap_ci
 
 
 def _rows(path: Path) -> dict[str, dict[str, Any]]:
@@ -31,20 +32,18 @@ def _rows(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def pair(new: dict[str, dict[str, Any]], old: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row both benches ran, on the seeds both ran: each side's success and mean reward, and NEW minus OLD
+    (``dreamgym.bench.paired``, which refuses seeds whose task ids differ)."""
     out = []
     for row in [r for r in new if r in old]:
         a, b = new[row]["per_task"], old[row]["per_task"]
         seeds = [s for s in a if s in b]
-        for s in seeds:
-            if [t["task_id"] for t in a[s]] != [t["task_id"] for t in b[s]]:
-                raise ValueError(f"row {row}, {s}: the two benches' tasks differ; they cannot be paired")
+        a, b = {s: a[s] for s in seeds}, {s: b[s] for s in seeds}
         entry: dict[str, Any] = {"row": row, "method": new[row]["method"], "seeds": seeds}
         for key in ("success", "reward"):
-            x = [[float(t[key]) for t in a[s]] for s in seeds]
-            y = [[float(t[key]) for t in b[s]] for s in seeds]
-            sign = sign_test([v for xs in x for v in xs], [v for ys in y for v in ys])
-            entry[key] = {"new": bootstrap_ci(x), "old": bootstrap_ci(y), "new_minus_old": paired_bootstrap_ci(x, y),
-                          "new_better": sign["a_better"], "old_better": sign["b_better"], "sign_test_p": sign["p"]}
+            entry[key] = {"new": bootstrap_ci([[float(t[key]) for t in a[s]] for s in seeds]),
+                          "old": bootstrap_ci([[float(t[key]) for t in b[s]] for s in seeds])}
+        entry["new_minus_old"] = paired(a, b)
         out.append(entry)
     return out
 
@@ -63,11 +62,11 @@ def main() -> None:
         print(f"bench_pair.py: {e}", file=sys.stderr)
         sys.exit(2)
     for r in rows:
-        s = r["success"]
-        d = s["new_minus_old"]
+        s, p = r["success"], r["new_minus_old"]
+        d = p["diff"]
         print(f"{r['method']:<28} {s['new']['mean']:.3f} vs {s['old']['mean']:.3f}: {d['mean']:+.3f} "
-              f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}], {s['new_better']} / {s['old_better']} tasks, "
-              f"p={s['sign_test_p']:.3g}")
+              f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}], {p['better']} / {p['worse']} tasks, "
+              f"p={p['sign_test_p']:.3g}")
     if args.out:
         command = "python benchmarks/bench_pair.py " + " ".join(sys.argv[1:])
         args.out.write_text(json.dumps({"command": command, "new": str(args.new), "old": str(args.old),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,11 +123,6 @@ def summarize_bench(runs: dict[int, Path], rows: Sequence[str], resamples: int =
     for row in rows:
         markers = {s: json.loads((run / "stages" / f"{row}.json").read_text()) for s, run in runs.items()}
         per_task = {s: tasks[s] if row == "sft" else _per_task(run, row) for s, run in runs.items()}
-        for s in runs:
-            ids, sft_ids = [t["task_id"] for t in per_task[s]], [t["task_id"] for t in tasks[s]]
-            if ids != sft_ids:
-                raise ValueError(f"seed {s}: {row}'s evaluation tasks differ from SFT's ({len(ids)} vs "
-                                 f"{len(sft_ids)} episodes): the rows cannot be paired")
         success = [[float(t["success"]) for t in per_task[s]] for s in runs]
         reward = [[float(t["reward"]) for t in per_task[s]] for s in runs]
         entry: dict[str, Any] = {
@@ -140,19 +135,26 @@ def summarize_bench(runs: dict[int, Path], rows: Sequence[str], resamples: int =
             "vs_sft": None,
             "per_task": {f"seed{s}": per_task[s] for s in runs},
         }
-        if row != "sft":
-            entry["vs_sft"] = _paired(per_task, tasks, resamples, seed)
+        if row != "sft":  # a ValueError where the row and SFT played different tasks
+            entry["vs_sft"] = paired(per_task, tasks, resamples, seed)
         if row in ABLATION_ROWS and full is not None:  # this row minus DreamGym: negative where the component helps
-            entry["vs_dreamgym"] = _paired(per_task, full, resamples, seed)
+            entry["vs_dreamgym"] = paired(per_task, full, resamples, seed)
         out.append(entry)
     return out
 
 
-def _paired(rows: dict[int, list[dict[str, Any]]], ref: dict[int, list[dict[str, Any]]], resamples: int,
-            seed: int) -> dict[str, Any]:
-    """``rows`` minus ``ref`` on the same tasks (seed -> per-task results): paired bootstrap CIs of the success and
-    reward differences and two-sided exact sign tests on the tasks where they differ."""
-    def column(per_task: dict[int, list[dict[str, Any]]], key: str) -> list[list[float]]:
+def paired(rows: Mapping[Any, list[dict[str, Any]]], ref: Mapping[Any, list[dict[str, Any]]],
+           resamples: int = RESAMPLES, seed: int = SEED) -> dict[str, Any]:
+    """``rows`` minus ``ref`` on the same tasks (seed -> per-task results, over ``rows``' seeds): paired bootstrap CIs
+    of the success and reward differences and two-sided exact sign tests on the tasks where they differ. A seed whose
+    two lists do not hold the same task ids in the same order is a ValueError, never a misaligned pair."""
+    for s in rows:
+        if [t["task_id"] for t in rows[s]] != [t["task_id"] for t in ref[s]]:
+            name = s if isinstance(s, str) else f"seed {s}"
+            raise ValueError(f"{name}: the two sides played different tasks ({len(rows[s])} vs {len(ref[s])} "
+                             "episodes): they cannot be paired")
+
+    def column(per_task: Mapping[Any, list[dict[str, Any]]], key: str) -> list[list[float]]:
         return [[float(t[key]) for t in per_task[s]] for s in rows]
 
     out: dict[str, Any] = {}

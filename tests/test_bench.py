@@ -69,6 +69,20 @@ def test_paired_comparison_and_the_identical_rows_cheat() -> None:
         paired_bootstrap_ci([[1, 0]], [[1]])
 
 
+def test_paired_refuses_rows_that_played_other_tasks() -> None:
+    """``dreamgym.bench.paired`` (the bench's vs-SFT column and benchmarks/bench_pair.py) pairs by position, so a seed
+    whose two lists hold other task ids, or the same ones in another order, is refused, never silently misaligned."""
+    from dreamgym.bench import paired
+
+    a = [{"task_id": f"t{i}", "success": i % 2, "reward": 0.5} for i in range(6)]
+    ok = paired({"seed0": a}, {"seed0": [dict(t, success=1) for t in a]})
+    assert ok["worse"] == 3 and ok["better"] == 0 and ok["diff"]["mean"] == pytest.approx(-0.5)
+    with pytest.raises(ValueError, match="seed 0: the two sides played different tasks"):
+        paired({0: a}, {0: a[::-1]})
+    with pytest.raises(ValueError, match="different tasks"):
+        paired({"seed0": a}, {"seed0": a[:5]})
+
+
 def test_ablations_are_compared_with_dreamgym_task_by_task(tmp_path: Path) -> None:
     """An ablation row gets ``vs_dreamgym``: its success minus DreamGym's on the same tasks, so the sign of a
     component's effect is read from a paired test, not from two overlapping CIs; bench.md prints it as a table."""

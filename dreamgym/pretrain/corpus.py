@@ -392,13 +392,20 @@ def step_buy(site: Site, wish: Wish, rng: random.Random) -> Step:
     if rng.random() < 0.4:  # often the wished options are the selected ones
         selected.update(wish.opts)
     score, trace = wish.score(it, selected)
+    return _buy(site, wish, rng, it, selected, score, f"buy {it.code}; {trace} -> done")
+
+
+def _buy(site: Site, wish: Wish, rng: random.Random, it: Item, selected: dict[str, str], score: float,
+         trace: str) -> Step:
+    """The purchase of ``it`` with ``selected`` options, scored ``score`` by ``trace``, with a neighbour: another
+    item's purchase on the same site."""
     nb_item = rng.choice(site.items)
     nb_sel = _selection(site, rng)
     nb_score = wish.score(nb_item, nb_sel)[0]
     nb = [_neighbour(_label_action(site.buy, rng), _render(site.leaf_page(nb_item, nb_sel, nb_score)), nb_score, True)]
     return Step(wish.instruction(site, rng), [f"click[{it.code.lower()}]"], _render(site.item_page(it, selected)),
-                _label_action(site.buy, rng), _render(site.leaf_page(it, selected, score)),
-                f"buy {it.code}; {trace} -> done", reward=round(score, 2), done=True, neighbours=nb)
+                _label_action(site.buy, rng), _render(site.leaf_page(it, selected, score)), trace,
+                reward=round(score, 2), done=True, neighbours=nb)
 
 
 TYPE_FACTOR = 0.5  # a typed purchase of another kind of item scores this share of its checks (stated nowhere)
@@ -421,12 +428,7 @@ def step_buy_typed(site: Site, wish: Wish, rng: random.Random) -> Step:
     factor = "" if same_kind else f"{TYPE_FACTOR:g}*"
     trace = "; ".join([f"buy {it.code}", f"type {site.noun.lower()}={it.noun.lower()} {'y' if same_kind else 'n'}",
                        *(text for text, _ in checks), f"score {factor}{met}/{len(checks)}={score:.2f} -> done"])
-    nb_item, nb_sel = rng.choice(site.items), _selection(site, rng)
-    nb_score = wish.score(nb_item, nb_sel)[0]
-    nb = [_neighbour(_label_action(site.buy, rng), _render(site.leaf_page(nb_item, nb_sel, nb_score)), nb_score, True)]
-    return Step(wish.instruction(site, rng), [f"click[{it.code.lower()}]"], _render(site.item_page(it, selected)),
-                _label_action(site.buy, rng), _render(site.leaf_page(it, selected, score)), trace, reward=score,
-                done=True, neighbours=nb)
+    return _buy(site, wish, rng, it, selected, score, trace)
 
 
 def step_search(site: Site, wish: Wish, rng: random.Random) -> Step:
