@@ -94,6 +94,30 @@ def test_oracle_replays_task_exactly_and_succeeds(env: TextWorldEnv) -> None:
     assert first.transitions[-1].done and all(x.reward == 0.0 for x in first.transitions[:-1])
 
 
+def test_ingredient_takes_are_the_decision_steps_behaviour_cloning_repeats(env: TextWorldEnv) -> None:
+    """TextWorld's ``EnvSpec.decision_step`` marks the oracle's choice of what to take (the recipe's ingredients
+    among the other things lying about) and nothing else, so ``bc_decision_repeat`` repeats exactly those steps."""
+    from dreamgym.agent.policy import PolicyConfig
+    from dreamgym.baselines.sft import bc_examples
+    from dreamgym.envs import spec
+
+    decision = spec("textworld").load("decision_step")
+    # the module's 3 train games: in one the oracle takes a chicken wing from a fridge that also holds a chicken leg
+    trajs = [run_episode(env, env.scripted_policy("oracle"), task) for task in env.tasks("train")]
+    marked = {t.task.task_id: [x for x in t.transitions if decision(x.state, x.action, x.info["admissible_actions"])]
+              for t in trajs}
+    assert sum(map(len, marked.values())) >= 1
+    for t in trajs:  # every marked step takes one of the recipe's ingredients
+        ingredients = t.task.instruction.rpartition("ingredients:")[2]
+        assert all(x.action.startswith("take ") and x.action.split(" from ")[0][5:] in ingredients
+                   for x in marked[t.task.task_id])
+    assert not decision("", "open fridge", ["open fridge", "take milk from fridge", "take egg from fridge"])
+    assert not decision("", "take milk from fridge", ["open fridge", "take milk from fridge"])  # nothing to choose
+    cfg = PolicyConfig(action_format="index")
+    once, thrice = bc_examples(trajs, cfg), bc_examples(trajs, cfg, decision_repeat=3)
+    assert len(thrice) == len(once) + 2 * sum(map(len, marked.values()))
+
+
 def test_noisy_and_random_policies(env: TextWorldEnv) -> None:
     noisy = evaluate_scripted(env, env.scripted_policy("noisy", seed=1, noise=0.3), episodes=3, split="train")
     assert noisy.success_rate > 0 and noisy.invalid_action_rate == 0.0

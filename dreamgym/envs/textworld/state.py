@@ -75,3 +75,11 @@ def abstract_state(location: str | None, feedback: str, inventory: str, commands
 def commands_in_state(state: str) -> list[str]:
     """The commands an abstract state lists, plus ``look``/``inventory`` (always admissible)."""
     return [*COMMAND_RE.findall(state), *sorted(REDUNDANT_COMMANDS)]
+
+
+def take_step(state: str, action: str, admissible: Sequence[str]) -> bool:
+    """Whether ``action`` takes one of two or more things the agent could take (TextWorld's
+    ``EnvSpec.decision_step``): on a cooking game, the choice of ingredient that the recipe's words decide, which
+    behaviour cloning can show ``bc_decision_repeat`` times (``state`` is not needed: the commands are the list)."""
+    takes = [a for a in admissible if a.startswith("take ")]
+    return action in takes and len(takes) >= 2
