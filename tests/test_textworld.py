@@ -118,6 +118,34 @@ def test_ingredient_takes_are_the_decision_steps_behaviour_cloning_repeats(env: 
     assert len(thrice) == len(once) + 2 * sum(map(len, marked.values()))
 
 
+def test_val_metric_counts_ingredients_taken_not_positions(env: TextWorldEnv) -> None:
+    """benchmarks/textworld_policy_val.py's skill metric: the oracle's first choice is an ingredient (1.0, above the
+    random pick's baseline); the same episodes with that choice replaced by a thing not in the recipe score 0."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "textworld_policy_val.py"
+    module_spec = importlib.util.spec_from_file_location("textworld_policy_val", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    trajs = [run_episode(env, env.scripted_policy("oracle"), task) for task in env.tasks("train")]
+    oracle = module.first_choice(trajs)
+    assert oracle["episodes_with_a_choice"] >= 1 and oracle["took_ingredient"] == 1.0
+    assert 0 < oracle["random_pick_baseline"] < 1
+    wrong = []
+    for t in trajs:
+        ingredients = t.task.instruction.rpartition("ingredients:")[2]
+        steps = []
+        for x in t.transitions:
+            takes = [a for a in x.info["admissible_actions"] if a.startswith("take ")]
+            if x.action in takes and len(takes) >= 2:
+                other = next(a for a in takes if a.removeprefix("take ").split(" from ")[0] not in ingredients)
+                x = x.model_copy(update={"action": other})
+            steps.append(x)
+        wrong.append(t.model_copy(update={"transitions": steps}))
+    assert module.first_choice(wrong) == {**oracle, "took_ingredient": 0.0}
+
+
 def test_noisy_and_random_policies(env: TextWorldEnv) -> None:
     noisy = evaluate_scripted(env, env.scripted_policy("noisy", seed=1, noise=0.3), episodes=3, split="train")
     assert noisy.success_rate > 0 and noisy.invalid_action_rate == 0.0

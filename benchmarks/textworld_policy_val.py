@@ -1,0 +1,96 @@
+"""A TextWorld policy on val: success beside the random policy's, and whether it takes the recipe's ingredients.
+
+    python benchmarks/textworld_policy_val.py --config CONFIG RUN [RUN ...] [--episodes 30] [--out FILE.json]
+
+Each RUN (a policy run dir, e.g. from ``benchmarks/sft_val.py --set env=textworld``) plays the config's val games
+greedily (``dreamgym.rl.evaluate.run_eval_episodes``, seed 0), as the bench's SFT stage plays test. Beside success,
+the skill a cooking game turns on: at the policy's first ``take`` step with two or more things to take, is what it
+takes one of the recipe's ingredients (the instruction's ``ingredients:`` list)? Its trivial baseline is the same
+rate for a uniformly random pick among those ``take`` commands (the expected share of ingredients among them),
+so a policy that answers by position, not by the recipe, scores about the baseline. The random policy's success
+on the same games is printed too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dreamgym.collect import evaluate_scripted, summarize
+from dreamgym.envs import make
+from dreamgym.pipeline import demo_config
+from dreamgym.types import Trajectory
+
+
+def _is_ingredient(take: str, ingredients: str) -> bool:
+    return take.removeprefix("take ").split(" from ")[0] in ingredients
+
+
+def first_choice(trajs: list[Trajectory]) -> dict[str, Any]:
+    """At each episode's first ``take`` step among two or more ``take`` commands: the share that took an ingredient,
+    and the share a uniform random pick among those commands would (its expectation)."""
+    took = chance = n = 0.0
+    for t in trajs:
+        ingredients = t.task.instruction.rpartition("ingredients:")[2]
+        for x in t.transitions:
+            takes = [a for a in x.info.get("admissible_actions", []) if a.startswith("take ")]
+            if x.action in takes and len(takes) >= 2:
+                took += _is_ingredient(x.action, ingredients)
+                chance += sum(_is_ingredient(a, ingredients) for a in takes) / len(takes)
+                n += 1
+                break
+    return {"episodes_with_a_choice": int(n), "took_ingredient": took / n if n else None,
+            "random_pick_baseline": chance / n if n else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", type=Path, nargs="+")
+    ap.add_argument("--config", type=Path, required=True)
+    ap.add_argument("--episodes", type=int, default=30)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    from dreamgym.agent.policy import load_policy
+    from dreamgym.envs.pool import env_factory
+    from dreamgym.rl.evaluate import run_eval_episodes
+
+    try:
+        cfg = demo_config("default", {"env": "textworld"}, args.config)
+        missing = [str(r) for r in args.runs if not (r / "summary.json").is_file()]
+        if missing:
+            raise ValueError(f"not a policy run dir: {', '.join(missing)}")
+    except ValueError as e:
+        print(f"textworld_policy_val.py: {str(e).splitlines()[0]}", file=sys.stderr)
+        sys.exit(2)
+    env = make("textworld", **cfg.env_kwargs)
+    try:
+        rand = evaluate_scripted(env, env.scripted_policy("random", seed=0), episodes=args.episodes, split="val")
+    finally:
+        env.close()
+    result: dict[str, Any] = {"command": "python benchmarks/textworld_policy_val.py " + " ".join(sys.argv[1:]),
+                              "split": "val", "episodes": args.episodes,
+                              "random_policy_success": rand.success_rate, "runs": {}}
+    for run in args.runs:
+        policy = load_policy(run)
+        played = run_eval_episodes(policy, env_factory("textworld", **cfg.env_kwargs), "val", args.episodes,
+                                   seed=0, max_steps=cfg.max_steps)
+        trajs = [e.to_trajectory(policy.name) for e in played]
+        trained = json.loads((run / "summary.json").read_text())
+        made = run / "sft_val.json"  # benchmarks/sft_val.py's record: its command and the config fields it used
+        result["runs"][str(run)] = {**summarize(trajs).to_dict(), **first_choice(trajs),
+                                    "sft_steps": trained.get("steps"), "sft_examples": trained.get("examples"),
+                                    "trained_by": json.loads(made.read_text()) if made.is_file() else None}
+        r = result["runs"][str(run)]
+        print(f"{run}: success {r['success_rate']:.3f} (random policy {rand.success_rate:.3f}); first take an "
+              f"ingredient {r['took_ingredient']} (random pick {r['random_pick_baseline']})")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
