@@ -1,6 +1,7 @@
 """A TextWorld policy on val: success beside the random policy's, and whether it takes the recipe's ingredients.
 
-    python benchmarks/textworld_policy_val.py --config CONFIG RUN [RUN ...] [--episodes 30] [--out FILE.json]
+    python benchmarks/textworld_policy_val.py --config CONFIG RUN [RUN ...] [--episodes 30] [--split val]
+        [--out FILE.json]
 
 Each RUN (a policy run dir, e.g. from ``benchmarks/sft_val.py --set env=textworld``) plays the config's val games
 greedily (``dreamgym.rl.evaluate.run_eval_episodes``, seed 0), as the bench's SFT stage plays test. Beside success,
@@ -8,7 +9,8 @@ the skill a cooking game turns on: at the policy's first ``take`` step with two 
 takes one of the recipe's ingredients (the instruction's ``ingredients:`` list)? Its trivial baseline is the same
 rate for a uniformly random pick among those ``take`` commands (the expected share of ingredients among them),
 so a policy that answers by position, not by the recipe, scores about the baseline. The random policy's success
-on the same games is printed too.
+on the same games is printed too. ``--split train`` plays the config's train games instead (what the clone saw:
+a policy far better there than on val has learnt its games, not the recipe).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def main() -> None:
     ap.add_argument("runs", type=Path, nargs="+")
     ap.add_argument("--config", type=Path, required=True)
     ap.add_argument("--episodes", type=int, default=30)
+    ap.add_argument("--split", choices=("val", "train"), default="val", help="never test: settings are chosen here")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     from dreamgym.agent.policy import load_policy
@@ -69,15 +72,16 @@ def main() -> None:
         sys.exit(2)
     env = make("textworld", **cfg.env_kwargs)
     try:
-        rand = evaluate_scripted(env, env.scripted_policy("random", seed=0), episodes=args.episodes, split="val")
+        rand = evaluate_scripted(env, env.scripted_policy("random", seed=0), episodes=args.episodes,
+                                split=args.split)
     finally:
         env.close()
     result: dict[str, Any] = {"command": "python benchmarks/textworld_policy_val.py " + " ".join(sys.argv[1:]),
-                              "split": "val", "episodes": args.episodes,
+                              "split": args.split, "episodes": args.episodes,
                               "random_policy_success": rand.success_rate, "runs": {}}
     for run in args.runs:
         policy = load_policy(run)
-        played = run_eval_episodes(policy, env_factory("textworld", **cfg.env_kwargs), "val", args.episodes,
+        played = run_eval_episodes(policy, env_factory("textworld", **cfg.env_kwargs), args.split, args.episodes,
                                    seed=0, max_steps=cfg.max_steps)
         trajs = [e.to_trajectory(policy.name) for e in played]
         trained = json.loads((run / "summary.json").read_text())
