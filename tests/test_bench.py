@@ -83,6 +83,35 @@ def test_paired_refuses_rows_that_played_other_tasks() -> None:
         paired({"seed0": a}, {"seed0": a[:5]})
 
 
+def test_bench_partial_pairs_a_stopped_rows_latest_evaluation_with_sft(tmp_path: Path) -> None:
+    """benchmarks/bench_partial.py: a stopped RL row's latest evaluation (RUN/ROW/eval_tasks.json) minus SFT's on the
+    same tasks, with the iteration it was made at; other tasks, or no run dir, are a one-line error (exit 2)."""
+    import yaml
+
+    run = tmp_path / "seed0"
+    (run / "sft").mkdir(parents=True)
+    (run / "dreamgym").mkdir()
+    (run / "demo_config.yaml").write_text(yaml.safe_dump(demo_config("default").model_dump()))
+    (run / "random_baseline.json").write_text(json.dumps({"success_rate": 0.0, "per_task": []}))
+    sft = [{"episode": i, "task_id": f"t{i}", "success": i < 2, "reward": float(i < 2)} for i in range(10)]
+    row = [dict(t, success=i < 5, reward=float(i < 5)) for i, t in enumerate(sft)]
+    (run / "sft" / "eval_tasks.json").write_text(json.dumps({"iteration": 0, "per_task": sft}))
+    (run / "dreamgym" / "eval_tasks.json").write_text(json.dumps({"iteration": 3, "per_task": row}))
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_partial.py"
+    out = tmp_path / "partial.json"
+    done = subprocess.run([sys.executable, str(script), str(run), "dreamgym", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["row_iteration"] == 3 and result["random_policy_success"] == 0.0
+    assert result["row_minus_sft"]["better"] == 3 and result["row_minus_sft"]["worse"] == 0
+    assert result["row_minus_sft"]["diff"]["mean"] == pytest.approx(0.3)
+    (run / "dreamgym" / "eval_tasks.json").write_text(json.dumps({"iteration": 3, "per_task": row[::-1]}))
+    for argv in ([str(run), "dreamgym"], [str(tmp_path / "nope"), "dreamgym"]):
+        bad = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+
+
 def test_ablations_are_compared_with_dreamgym_task_by_task(tmp_path: Path) -> None:
     """An ablation row gets ``vs_dreamgym``: its success minus DreamGym's on the same tasks, so the sign of a
     component's effect is read from a paired test, not from two overlapping CIs; bench.md prints it as a table."""
