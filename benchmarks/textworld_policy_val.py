@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dreamgym.collect import evaluate_scripted, summarize
 from dreamgym.envs import make
+from dreamgym.envs.textworld.state import take_step
 from dreamgym.pipeline import demo_config
 from dreamgym.types import Trajectory
 
@@ -40,8 +41,9 @@ def first_choice(trajs: list[Trajectory]) -> dict[str, Any]:
     for t in trajs:
         ingredients = t.task.instruction.rpartition("ingredients:")[2]
         for x in t.transitions:
-            takes = [a for a in x.info.get("admissible_actions", []) if a.startswith("take ")]
-            if x.action in takes and len(takes) >= 2:
+            admissible = x.info.get("admissible_actions", [])
+            if take_step(x.state, x.action, admissible):  # TextWorld's decision step: a choice among 2+ takes
+                takes = [a for a in admissible if a.startswith("take ")]
                 took += _is_ingredient(x.action, ingredients)
                 chance += sum(_is_ingredient(a, ingredients) for a in takes) / len(takes)
                 n += 1

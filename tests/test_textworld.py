@@ -139,7 +139,7 @@ def test_val_metric_counts_ingredients_taken_not_positions(env: TextWorldEnv) ->
         for x in t.transitions:
             takes = [a for a in x.info["admissible_actions"] if a.startswith("take ")]
             if x.action in takes and len(takes) >= 2:
-                other = next(a for a in takes if a.removeprefix("take ").split(" from ")[0] not in ingredients)
+                other = next(a for a in takes if not module._is_ingredient(a, ingredients))
                 x = x.model_copy(update={"action": other})
             steps.append(x)
         wrong.append(t.model_copy(update={"transitions": steps}))
