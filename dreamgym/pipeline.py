@@ -166,6 +166,8 @@ class DemoConfig(BaseModel):
         "pre-trained base was measured at with copy references (click consistency 1.00; "
         "benchmarks/results/pretrained_base_exp_refs_whole.json) and keeps the default demo near 30 min; "
         "time_budget_s is only a safety cap (train_exp.json's time_cap_fired says whether it cut the schedule short)")
+    exp_reward_head: bool = Field(default=False, description="the reward of the steps M_exp ends from a reward head "
+                                  "fitted on the offline data's real endings (dreamgym.experience.reward_head)")
     exp_mixture: dict[str, float] | None = Field(default=None, description="examples per transition by the page "
                                                  "type of its next state, a terminal one's outcome apart if given "
                                                  "(done:failure; None = each once; the shop's EnvSpec gives one)")
@@ -281,12 +283,13 @@ class Stage(NamedTuple):
 
 # In pipeline order; each stage's marker is RUN/stages/<name>.json. A field read through an input stage (env, seed)
 # is in that stage's key already.
+EXP_FIELDS = ("exp_model", "exp_protocol", "exp_sft", "exp_mixture", "exp_reward_head")  # an M_exp stage reads
 STAGES: dict[str, Stage] = {
     "collect": Stage("collect offline data", ("env", "env_kwargs", "seed", "offline_episodes", "offline_file",
                                               "collect_policy", "noise", "extra_behaviour"), (),
                      ("offline.jsonl", "offline_extra")),
     "annotate": Stage("annotate reasoning", ("annotator", "annotator_llm"), ("collect",), ("offline_annotated.jsonl",)),
-    "train_exp": Stage("train the experience model", ("exp_model", "exp_protocol", "exp_sft", "exp_mixture"),
+    "train_exp": Stage("train the experience model", EXP_FIELDS,
                        ("annotate",), ("experience_model", "buffer", "buffer.partial")),
     "fidelity": Stage("fidelity of the experience model", ("heldout_episodes", "heldout_noise"), ("train_exp",),
                       ("heldout.jsonl", "heldout_annotated.jsonl", "fidelity.json")),
@@ -301,12 +304,12 @@ STAGES: dict[str, Stage] = {
     "ppo_real": Stage("PPO in the real env", ("rl",), ("sft",), ("ppo_real",)),
     "dreamgym_ppo": Stage("DreamGym (PPO)", ("rl", "dream", "dream_iterations"), ("sft", "train_exp"),
                           ("dreamgym_ppo", "dream_buffer_ppo", "dream_buffer_ppo.partial")),
-    "train_exp_no_replay": Stage("M_exp without replay (k=0)", ("exp_model", "exp_protocol", "exp_sft", "exp_mixture"),
+    "train_exp_no_replay": Stage("M_exp without replay (k=0)", EXP_FIELDS,
                                  ("annotate",), ("experience_model_no_replay", "buffer_no_replay",
                                                  "buffer_no_replay.partial")),
     "no_replay": Stage("DreamGym w/o replay", ("rl", "dream", "dream_iterations"), ("sft", "train_exp_no_replay"),
                        ("no_replay", "dream_buffer_no_replay", "dream_buffer_no_replay.partial")),
-    "train_exp_no_reasoning": Stage("M_exp without reasoning", ("exp_model", "exp_protocol", "exp_sft", "exp_mixture"),
+    "train_exp_no_reasoning": Stage("M_exp without reasoning", EXP_FIELDS,
                                     ("annotate",), ("experience_model_no_reasoning", "buffer_no_reasoning",
                                                     "buffer_no_reasoning.partial")),
     "no_reasoning": Stage("DreamGym w/o reasoning", ("rl", "dream", "dream_iterations"),
@@ -332,7 +335,7 @@ def active_stages(cfg: DemoConfig) -> list[str]:
 # Fields added after benches were committed, with the value that does what the code did before them: at that
 # value a field is left out of its stage's key, so the committed benches' stages stay reusable (and a seed's rerun
 # can still reproduce them); any other value is in the key like every field.
-LATE_FIELDS: dict[str, Any] = {"bc_final_repeat": 1}
+LATE_FIELDS: dict[str, Any] = {"bc_final_repeat": 1, "exp_reward_head": False}
 
 
 def stage_keys(cfg: DemoConfig) -> dict[str, dict[str, Any]]:
@@ -603,7 +606,7 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
     stage("annotate", f"annotate reasoning ({annotator_name(cfg)})", lambda: annotate(cfg, [offline, *extra], annotated))
     stage("train_exp", "train the experience model", lambda: train_experience_model(
         [annotated], cfg.exp_model, exp_dir, ProtocolConfig(**cfg.exp_protocol), SFTConfig(**cfg.exp_sft),
-        buffer_dir=out / "buffer", mixture=cfg.exp_mixture, seed=cfg.seed))
+        buffer_dir=out / "buffer", mixture=cfg.exp_mixture, seed=cfg.seed, reward_head=cfg.exp_reward_head))
     fid = None
     if cfg.heldout_episodes:
         fid = stage("fidelity", "fidelity of the experience model (held-out real transitions)",
@@ -665,7 +668,8 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
         protocol = {**cfg.exp_protocol, **ABLATION_PROTOCOL[name]}
         stage(name, STAGES[name].title, lambda: train_experience_model(
             [annotated], cfg.exp_model, out / f"experience_model{suffix}", ProtocolConfig(**protocol),
-            SFTConfig(**cfg.exp_sft), buffer_dir=out / f"buffer{suffix}", mixture=cfg.exp_mixture, seed=cfg.seed))
+            SFTConfig(**cfg.exp_sft), buffer_dir=out / f"buffer{suffix}", mixture=cfg.exp_mixture, seed=cfg.seed,
+            reward_head=cfg.exp_reward_head))
 
     if "dreamgym" in active_stages(cfg):
         by_row["dreamgym"] = stage("dreamgym", "DreamGym: GRPO in the dream (0 real transitions)",

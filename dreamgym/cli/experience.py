@@ -153,6 +153,8 @@ def train_exp(
     threads: int | None = typer.Option(None, min=1, help="torch CPU threads"),
     snapshot_every: float | None = typer.Option(None, help="keep a loadable snapshot every this many seconds"),
     seed: int | None = typer.Option(None, help="seed (shuffle, mixture, initialisation)"),
+    reward_head: bool | None = typer.Option(None, "--reward-head/--no-reward-head", help="the reward of the steps "
+                                            "M_exp ends from a head fitted on the data's real endings"),
 ) -> None:
     """Train the experience model M_exp (SFT, loss on reasoning + next state + reward/done tokens only).
 
@@ -168,7 +170,8 @@ def train_exp(
                  "max_length": max_length, "num_threads": threads}
     protocol.update({key: v for key, v in protocol_flags.items() if v is not None})
     sft.update({key: v for key, v in sft_flags.items() if v is not None})
-    top = {"model": model, "encoder": encoder, "snapshot_every_s": snapshot_every, "seed": seed}
+    top = {"model": model, "encoder": encoder, "snapshot_every_s": snapshot_every, "seed": seed,
+           "reward_head": reward_head}
     fields.update({key: v for key, v in top.items() if v is not None}, protocol=protocol, sft=sft)
     cfg = ExpTrainConfig.model_validate(fields)  # a ValidationError names the field (dreamgym.cli.describe)
     try:
@@ -179,6 +182,7 @@ def train_exp(
     summary = train_experience_model(
         data, cfg.model, out, protocol_cfg, sft_cfg, buffer_dir=buffer, encoder=cfg.encoder, chat=cfg.chat,
         vocab_size=cfg.vocab_size, mixture=cfg.mixture, snapshot_every_s=cfg.snapshot_every_s, seed=cfg.seed,
+        reward_head=cfg.reward_head,
     )
     print(json.dumps(summary))
 

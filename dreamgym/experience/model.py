@@ -37,6 +37,7 @@ from dreamgym.experience.protocol import (
     fit_prompt,
     parse_output,
 )
+from dreamgym.experience.reward_head import RewardHead
 from dreamgym.llm.base import LLM, LLMConfig, Prompt, SamplingParams
 from dreamgym.llm.load import load_llm
 
@@ -62,6 +63,8 @@ class ExperienceConfig(BaseModel):
     retrieval_env: str | None = Field(default=None, description="retrieve only transitions of this env")
     env: str | None = Field(default=None, description="the env of the training data (its EnvSpec.trace_checker "
                             "serves ProtocolConfig.checked_verdicts)")
+    reward_head: bool = Field(default=False, description="the reward of a step M_exp ends comes from the model dir's "
+                              "reward head (dreamgym.experience.reward_head), not from the model's <reward>")
 
     def protocol_config(self) -> ProtocolConfig:
         # a model saved before the TARGET line existed was trained without it
@@ -91,9 +94,15 @@ def neighbours_of(hits: Sequence[Any]) -> list[Neighbour]:
 class ExperienceModel:
     """M_exp over any generation backend, with optional replay-buffer retrieval."""
 
-    def __init__(self, llm: LLM, cfg: ExperienceConfig | None = None, buffer: ReplayBuffer | None = None) -> None:
+    def __init__(self, llm: LLM, cfg: ExperienceConfig | None = None, buffer: ReplayBuffer | None = None,
+                 reward_head: RewardHead | None = None) -> None:
         self.llm = llm
         self.cfg = cfg or ExperienceConfig()
+        if self.cfg.reward_head and reward_head is None:
+            raise ValueError("the experience config asks for a reward head (reward_head: true) and none was given")
+        self.reward_head = reward_head if self.cfg.reward_head else None
+        self.head_rewards = 0  # ending steps whose reward the reward head gave
+        self.head_changed = 0  # ... of which it changed the model's own reward
         self.protocol = self.cfg.protocol_config()
         self.buffer = buffer
         self.stats = ParseStats()  # final outcome of every predicted step (ok, or the failure reason served)
@@ -124,6 +133,19 @@ class ExperienceModel:
         self.recomputed += checked != pred
         return checked
 
+    def _head(self, queries: Sequence[ExperienceQuery], preds: list[ExperiencePrediction]) -> list[ExperiencePrediction]:
+        """``preds`` with the reward and success of each parsed ending step from the reward head (if any), counted."""
+        todo = [i for i, p in enumerate(preds) if p.done and p.failure is None]
+        if self.reward_head is None or not todo:
+            return preds
+        answers = self.reward_head.predict_batch([(queries[i].instruction, queries[i].state) for i in todo])
+        out = list(preds)
+        for i, (reward, success) in zip(todo, answers, strict=True):
+            self.head_rewards += 1
+            self.head_changed += abs(reward - preds[i].reward) > 1e-9
+            out[i] = dataclasses.replace(preds[i], reward=reward, success=success)
+        return out
+
     @classmethod
     def load(
         cls,
@@ -141,7 +163,8 @@ class ExperienceModel:
                 cfg = ExperienceConfig.model_validate_json((path / CONFIG_FILE).read_text())
             except ValueError as e:
                 raise ValueError(f"{path / CONFIG_FILE}: invalid experience config ({str(e).splitlines()[0]})") from None
-        return cls(load_llm(LLMConfig(backend="hf", model=str(path), device=device)), cfg, buffer)
+        head = RewardHead.load(path) if cfg is not None and cfg.reward_head else None
+        return cls(load_llm(LLMConfig(backend="hf", model=str(path), device=device)), cfg, buffer, head)
 
     # ------------------------------------------------------------------------------------------ prompt
 
@@ -236,12 +259,14 @@ class ExperienceModel:
                         reasons[i], self.cfg.max_resamples)
             results[i] = failure_prediction(queries[i].state, reasons[i])
             self.stats.add(ParseResult(None, reasons[i]))
-        return [r for r in results if r is not None]
+        return self._head(queries, [r for r in results if r is not None])
 
     def stats_dict(self) -> dict[str, Any]:
         out = {**self.stats.as_dict(), "resamples": self.resamples, "shortened_prompts": self.shortened_prompts}
         if self.checker is not None:
             out |= {"checked_verdicts": self.checked, "recomputed_verdicts": self.recomputed}
+        if self.reward_head is not None:
+            out |= {"head_rewards": self.head_rewards, "head_changed_rewards": self.head_changed}
         return out
 
     def __repr__(self) -> str:

@@ -44,6 +44,7 @@ from dreamgym.experience.protocol import (
     fit_prompt,
     step_target,
 )
+from dreamgym.experience.reward_head import HEAD_FILE, RewardHead, endings
 from dreamgym.sft import SFTConfig, SFTExample, encode_prompt, prompt_budget, train_sft
 from dreamgym.types import DataError, Trajectory, Transition, read_trajectories
 
@@ -56,7 +57,7 @@ SUMMARY_FILE = "summary.json"
 RETRIEVAL_BATCH = 1024  # queries per encoder call + index search when building the neighbours
 # Files of a saved model directory copied into a snapshot (whatever of them exists).
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-               "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", CONFIG_FILE)
+               "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", CONFIG_FILE, HEAD_FILE)
 
 
 # ------------------------------------------------------------------------------------------ examples
@@ -330,6 +331,7 @@ def train_experience_model(
     mixture: dict[str, float] | None = None,
     snapshot_every_s: float | None = None,
     seed: int = 0,
+    reward_head: bool = False,
 ) -> dict[str, Any]:
     """Train M_exp on annotated real trajectories; save model, tokenizer, ``experience.json``, ``summary.json``.
 
@@ -337,6 +339,8 @@ def train_experience_model(
     fresh model, else a path / hub name of a Hugging Face checkpoint. With ``protocol_cfg.k > 0`` the training
     trajectories are added to the replay buffer at ``buffer_dir`` (default ``out_dir/buffer``), which serves
     the neighbours. ``mixture`` resamples the examples by the page type of their next state (:func:`mix`).
+    ``reward_head`` also fits :class:`~dreamgym.experience.reward_head.RewardHead` on the data's real endings and
+    saves it beside the model (each snapshot too), with ``experience.json`` saying to use it.
     Returns the summary (examples, tokens, epochs, seconds, loss, and the snapshots taken).
     """
     from dreamgym.llm.tiny import tiny_shape
@@ -391,7 +395,9 @@ def train_experience_model(
     target_tokens = sum(len(tokenizer(ex.target, add_special_tokens=False).input_ids) for ex in examples)
     envs = {t.task.env for t in trajs}
     exp_cfg = ExperienceConfig.from_protocol(protocol_cfg, chat=chat, env=envs.pop() if len(envs) == 1 else None,
-                                             max_new_tokens=target_token_limit(tokenizer, examples))
+                                             max_new_tokens=target_token_limit(tokenizer, examples),
+                                             reward_head=reward_head)
+    head = RewardHead.fit(endings(trajs), seed=seed) if reward_head else None
     n_params = sum(p.numel() for p in lm.parameters())
     log.info("M_exp: %d examples (%d transitions), %.1f prompt + %.1f target tokens each, %.2fM params",
              len(examples), transitions, prompt_tokens / len(examples), target_tokens / len(examples), n_params / 1e6)
@@ -401,6 +407,8 @@ def train_experience_model(
     for budget in _segments(sft_cfg, snapshot_every_s):
         runs.append(train_sft(lm, tokenizer, examples, out, sft_cfg.model_copy(update={"time_budget_s": budget})))
         save_experience_config(out, exp_cfg)
+        if head is not None:
+            head.save(out)
         if snapshot_every_s:
             train_s = sum(r["seconds"] for r in runs)
             snapshots.append({"seconds": round(train_s, 1), "epochs": runs[-1]["epochs"],
@@ -435,6 +443,7 @@ def train_experience_model(
         "max_new_tokens": exp_cfg.max_new_tokens,
         "snapshots": snapshots,
         "data": [str(p) for p in data_paths],
+        "reward_head": head.summary if head is not None else None,
     }
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
     return summary
@@ -454,6 +463,8 @@ class ExpTrainConfig(BaseModel):
     vocab_size: int | None = None
     snapshot_every_s: float | None = None
     seed: int = 0
+    reward_head: bool = Field(default=False, description="fit a reward head for the steps M_exp ends "
+                              "(dreamgym.experience.reward_head)")
 
     def protocol_config(self) -> ProtocolConfig:
         return ProtocolConfig(**self.protocol)
