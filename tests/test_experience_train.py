@@ -469,3 +469,20 @@ def test_the_time_budget_covers_preparation_and_a_killed_build_leaves_no_half_bu
     assert len(ReplayBuffer.open(tmp_path / "m" / "buffer", read_only=True, create=False)) > 0
     assert summary["sft"]["time_budget_s"] < 300.0  # the preparation's time came off it
     assert summary["sft"]["time_budget_s"] == pytest.approx(300.0 - summary["prep_seconds"], abs=0.06)
+
+
+def test_train_exp_reward_head_saves_a_head_that_loading_applies(tmp_path: Path, annotated) -> None:
+    write_jsonl(tmp_path / "train.jsonl", annotated)
+    result = CliRunner().invoke(app, ["train-exp", "--data", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "m"),
+                                      "--model", "micro", "--no-reasoning", "--k", "0", "--epochs", "0.01",
+                                      "--threads", "1", "--reward-head"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "m" / "summary.json").read_text())
+    ends = [x for t in annotated for x in t.transitions if x.done and not x.info.get("truncated")]
+    assert summary["reward_head"]["endings"] == len(ends) >= 2
+    assert json.loads((tmp_path / "m" / "experience.json").read_text())["reward_head"] is True
+    model = ExperienceModel.load(tmp_path / "m")
+    assert model.reward_head is not None and "head_rewards" in model.stats_dict()
+    (tmp_path / "m" / "reward_head.json").unlink()
+    with pytest.raises(ValueError, match="no reward head"):
+        ExperienceModel.load(tmp_path / "m")
