@@ -15,7 +15,14 @@ from dreamgym.collect import iter_episodes
 from dreamgym.envs import make
 from dreamgym.experience.model import ExperienceConfig, ExperienceModel
 from dreamgym.experience.protocol import ExperienceQuery, format_target
-from dreamgym.experience.reward_head import HEAD_FILE, Ending, RewardHead, endings, grounding_features
+from dreamgym.experience.reward_head import (
+    FEATURES,
+    HEAD_FILE,
+    Ending,
+    RewardHead,
+    endings,
+    grounding_features,
+)
 from dreamgym.llm.base import Completion, Prompt, SamplingParams
 
 ITEM = """[1] text: B0QUOZ2C — Torsa Built In Microphone Headphones, Foldable
@@ -60,7 +67,7 @@ def test_the_head_is_seeded_and_round_trips_through_json(fitted: tuple[RewardHea
     head.save(tmp_path)
     assert RewardHead.load(tmp_path).predict_batch(queries) == head.predict_batch(queries)
     data = json.loads((tmp_path / HEAD_FILE).read_text())
-    assert data["summary"]["endings"] == head.summary["endings"] and set(data["values"]) <= {0.0, *data["values"]}
+    assert data["summary"]["endings"] == head.summary["endings"] and data["values"] == head.summary["classes"]
     (tmp_path / HEAD_FILE).write_text(json.dumps({**data, "features": ["something else"]}))
     with pytest.raises(ValueError, match="invalid reward head"):
         RewardHead.load(tmp_path)
@@ -75,11 +82,11 @@ def test_features_see_a_selected_option_the_task_did_not_ask_for() -> None:
     white = grounding_features("i need foldable headphones in white, and price lower than 200.00 dollars", ITEM, common)
     black = grounding_features("i need foldable headphones in black, and price lower than 200.00 dollars", ITEM, common)
     cheap = grounding_features("i need foldable headphones in white, and price lower than 100.00 dollars", ITEM, common)
-    names = dict(zip(("content_words", "inv_content_words", "in_first", "in_marked", "only_in_sibling"), range(5),
-                     strict=True))
+    names = {name: i for i, name in enumerate(FEATURES)}
     assert white[names["in_marked"]] > 0 and black[names["in_marked"]] == 0
     assert black[names["only_in_sibling"]] > 0 and white[names["only_in_sibling"]] == 0
-    assert white[-2] == 0 and cheap[-2] == 1  # a page number over the task's bound
+    over = FEATURES.index("number_over_bound")
+    assert white[over] == 0 and cheap[over] == 1  # a page number over the task's bound
 
 
 class EndsWithOne:

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from dreamgym.envs.base import parse_elements
+from dreamgym.experience.protocol import terminated
 from dreamgym.types import Trajectory
 
 HEAD_FILE = "reward_head.json"
@@ -113,8 +114,6 @@ class Ending:
 
 def endings(trajs: Sequence[Trajectory]) -> list[Ending]:
     """The real endings of ``trajs`` (done and not cut by the step limit), as the targets mark them."""
-    from dreamgym.experience.protocol import terminated
-
     return [Ending(t.task.instruction, x.state, float(x.reward), bool(x.info.get("success", x.reward >= 1.0)))
             for t in trajs for x in t.transitions if terminated(x)]
 

@@ -398,6 +398,9 @@ def train_experience_model(
                                              max_new_tokens=target_token_limit(tokenizer, examples),
                                              reward_head=reward_head)
     head = RewardHead.fit(endings(trajs), seed=seed) if reward_head else None
+    if head is not None:  # saved once, before the first snapshot copies the model dir's files
+        out.mkdir(parents=True, exist_ok=True)
+        head.save(out)
     n_params = sum(p.numel() for p in lm.parameters())
     log.info("M_exp: %d examples (%d transitions), %.1f prompt + %.1f target tokens each, %.2fM params",
              len(examples), transitions, prompt_tokens / len(examples), target_tokens / len(examples), n_params / 1e6)
@@ -407,8 +410,6 @@ def train_experience_model(
     for budget in _segments(sft_cfg, snapshot_every_s):
         runs.append(train_sft(lm, tokenizer, examples, out, sft_cfg.model_copy(update={"time_budget_s": budget})))
         save_experience_config(out, exp_cfg)
-        if head is not None:
-            head.save(out)
         if snapshot_every_s:
             train_s = sum(r["seconds"] for r in runs)
             snapshots.append({"seconds": round(train_s, 1), "epochs": runs[-1]["epochs"],
