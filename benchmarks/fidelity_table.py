@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-KEYS = ("click_consistency", "option_consistency", "reward_consistency", "terminal_reward_accuracy",
+KEYS = ("click_consistency", "item_options_consistency", "option_consistency", "reward_consistency", "terminal_reward_accuracy",
         "terminal_reward_majority_baseline", "terminal_reward_exact_accuracy", "terminal_reward_exact_majority_baseline",
         "done_accuracy", "done_majority_baseline", "invalid_output_rate", "next_state_f1", "terminal_transitions",
         "transitions")

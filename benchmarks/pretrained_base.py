@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 RESULTS = Path(__file__).parent / "results"
-EXP_KEYS = ("click_consistency", "option_consistency", "reward_consistency", "purchase_page_consistency",
+EXP_KEYS = ("click_consistency", "item_options_consistency", "option_consistency", "reward_consistency", "purchase_page_consistency",
             "zero_reward_consistency", "terminal_reward_accuracy", "terminal_reward_majority_baseline",
             "terminal_reward_exact_accuracy", "terminal_reward_exact_majority_baseline", "done_accuracy",
             "done_majority_baseline", "reward_accuracy", "reward_majority_baseline", "invalid_output_rate",

@@ -62,7 +62,8 @@ FIDELITY_KEYS = ("transitions", "reward_accuracy", "reward_majority_baseline", "
                  "terminal_reward_majority_baseline", "terminal_reward_exact_accuracy",
                  "terminal_reward_exact_majority_baseline", "done_accuracy", "done_majority_baseline",
                  "invalid_output_rate", "next_state_f1", "epsilon_r_terminal", "epsilon_p", "reasoning_exact",
-                 "click_consistency", "reward_consistency", "purchase_page_consistency")
+                 "click_consistency", "item_options_consistency", "reward_consistency",
+                 "purchase_page_consistency")
 
 
 # The table's rows (``DemoConfig.rows``, ``dreamgym bench --rows``): the demo's four and optional ones, each an RL

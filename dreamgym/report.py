@@ -150,7 +150,8 @@ def _fidelity_section(fid: dict[str, Any]) -> str:
     if rows:
         out.append(_table(["metric", "M_exp", "trivial baseline"], rows))
     extra = [k for k in ("transitions", "invalid_output_rate", "reward_mae", "epsilon_p", "reasoning_exact",
-                         "click_consistency", "reward_consistency", "purchase_page_consistency") if k in fid]
+                         "click_consistency", "item_options_consistency", "reward_consistency",
+                         "purchase_page_consistency") if k in fid]
     if extra:
         out.append(_table(["other", "value"], [[_esc(k), _num(fid[k])] for k in extra]))
     by_page = fid.get("next_state_f1_by_page")

@@ -16,7 +16,7 @@ from dreamgym.cli import app
 from dreamgym.collect import iter_episodes
 from dreamgym.envs import make
 from dreamgym.experience.annotate import RuleAnnotator
-from dreamgym.experience.model import ExperienceModel
+from dreamgym.experience.model import ExperienceConfig, ExperienceModel
 from dreamgym.experience.protocol import ExperienceQuery, ProtocolConfig, action_target, step_target
 from dreamgym.experience.train import (
     exp_examples,
@@ -231,6 +231,45 @@ def test_exact_neighbours_show_another_trajectorys_copy_of_the_step_marked_and_n
     assert served[0].instruction == "buy a red mug" and f"(1) {SAME_STEP}" in build_user_text(query, exact)
     assert SAME_STEP not in build_user_text(dataclasses.replace(query, instruction="buy a blue mug"), exact)
     assert "same task, state and action" in exact.model_copy(update={"system_prompt": None}).system_text()
+
+
+def test_same_action_neighbours_show_the_page_the_action_opened_elsewhere_in_training_and_in_the_dream(
+    tmp_path: Path,
+) -> None:
+    """With ``same_action_neighbours`` a step's neighbour is another trajectory's step that took the same action (the
+    same product clicked from another results page), headed "same action"; without it, φ's nearest step (the same
+    page's other click) is shown."""
+    from dreamgym.experience.protocol import SAME_ACTION, build_user_text
+
+    def step(page: str, item: str) -> Transition:
+        return Transition(state=f"[1] text: results for {page}\n[2] link: {item}\n[3] link: other {page}",
+                          action=f"click[{item}]", next_state=f"[1] text: item page of {item}", reward=0.0, done=False,
+                          info={"reasoning": "open"})
+
+    def episode(i: int, page: str, item: str) -> Trajectory:
+        return Trajectory(traj_id=f"T{i}", task=Task(task_id=f"t{i}", instruction=f"buy {item}", env="toy"),
+                          transitions=[step(page, item)])
+
+    # T0 and T1 click the same mug from different pages; T2 clicks another item from T0's page.
+    trajs = [episode(0, "mugs", "red mug"), episode(1, "cups and more", "red mug"), episode(2, "mugs", "blue mug")]
+    buffer = ReplayBuffer.open(tmp_path / "buf", encoder=HashingEncoder())
+    buffer.add_trajectories(trajs)
+    plain = ProtocolConfig(k=1, neighbour_states=True, system_prompt="")
+    same = plain.model_copy(update={"same_action_neighbours": True})
+    shown = {cfg.same_action_neighbours: {tr.traj_id: q.retrieved[0] for tr, _, q in exp_queries(trajs, cfg, buffer)}
+             for cfg in (plain, same)}
+    assert shown[False]["T0"].next_state == "[1] text: item page of blue mug"  # the same page's other click
+    assert shown[True]["T0"].next_state == "[1] text: item page of red mug"  # T1's click of the same mug
+    assert shown[True]["T2"].action != "click[blue mug]"  # nobody else took T2's action: the nearest step
+    prompts = {tr.traj_id: ex.prompt for tr, ex in zip(trajs, exp_examples(trajs, same, buffer, chat=False), strict=True)}
+    assert f"(1) {SAME_ACTION}" in prompts["T0"] and SAME_ACTION not in prompts["T2"]
+    assert SAME_ACTION not in exp_examples(trajs, plain, buffer, chat=False)[0].prompt
+    # The dream's retrieval (ExperienceModel.with_neighbours) follows the model's protocol.
+    query = ExperienceQuery("buy red mug", [], [], step("plates", "red mug").state, "click[red mug]")
+    model = ExperienceModel(object(), ExperienceConfig.from_protocol(same), buffer=buffer)  # type: ignore[arg-type]
+    served = model.with_neighbours([query])[0]
+    assert served.retrieved[0].next_state == "[1] text: item page of red mug"
+    assert f"(1) {SAME_ACTION}" in build_user_text(served, same)
 
 
 def test_neighbours_show_real_endings_only_like_the_targets(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from dreamgym.envs.shop.fidelity import (
     consistency_report,
     elements,
     item_on_page,
+    item_options_check,
     option_check,
     purchase_page_check,
     reward_check,
@@ -94,6 +95,28 @@ def item_page(shop, product: Product, selected: Sequence[tuple[str, str]] = ()) 
     return ShopStateMapper()(build_page(state, shop.catalog, 5), {})
 
 
+def test_item_options_check_needs_the_products_own_options_not_just_its_title(shop) -> None:
+    product = shop.catalog.products[3]
+    other = next(p for p in shop.catalog.products if p.category == product.category and p.options != product.options)
+    results = f"[1] text: Page 1 (results 1-5 of 50)\n[2] link: {product.asin} — {product.title} | ${product.price:.2f}"
+    click = f"click[{product.asin.lower()}]"
+    real = item_page(shop, product)
+    assert click_check(results, click, real).ok and item_options_check(shop.catalog, results, click, real) == Check(True)
+    # The right title and price with another product's options (what a model that copies only the clicked link
+    # writes): click_check passes it, the options check does not.
+    header = [line for line in real.splitlines() if " option: " not in line and "] button:" not in line]
+    others = [line for line in item_page(shop, other).splitlines() if " option: " in line]
+    made_up = "\n".join([*header, *others])
+    assert click_check(results, click, made_up).ok
+    verdict = item_options_check(shop.catalog, results, click, made_up)
+    assert verdict is not None and not verdict.ok and verdict.reason in {"wrong_option_values", "wrong_option_count"}
+    dropped = "\n".join(line for line in real.splitlines() if line != next(x for x in real.splitlines() if "option:" in x))
+    assert item_options_check(shop.catalog, results, click, dropped) == Check(False, "wrong_option_count")
+    assert item_options_check(shop.catalog, results, "click[next >]", real) is None  # not a product click
+    unknown = results.replace(product.asin, "B0ZZZZZZ")
+    assert item_options_check(shop.catalog, unknown, "click[b0zzzzzz]", real) is None  # not in this catalog
+
+
 def test_reward_check_grounds_the_dreamt_reward_in_the_real_purchase(shop) -> None:
     target = shop.catalog.products[0]
     name, values = target.options[0]
@@ -130,7 +153,7 @@ def test_consistency_report_on_real_trajectories_with_perfect_and_wrong_answers(
                for tr in trajs for t, x in enumerate(tr.transitions)]
     report = check_steps(perfect)
     assert report["click_consistency"] == 1.0 and report["reward_consistency"] == 1.0
-    assert report["zero_reward_consistency"] == 1.0
+    assert report["zero_reward_consistency"] == 1.0 and report["item_options_consistency"] == 1.0
     assert report["consistency_checks"]["click"]["n"] > 0 and report["consistency_checks"]["reward"]["n"] > 0
     # The same answers with every reward shifted: each purchase is now inconsistent, and so is every other step.
     shifted = [(tr, t, ExperiencePrediction(None, p.next_state, 0.5 if p.reward != 0.5 else 0.25, p.done, False))
@@ -144,7 +167,7 @@ def test_consistency_report_on_real_trajectories_with_perfect_and_wrong_answers(
     # reward 0) would pass one: a non-purchase step with reward 0.
     failed = [(tr, t, failure_prediction(tr.transitions[t].state, "no_next_state")) for tr, t, _ in perfect]
     report = check_steps(failed)
-    for name in ("click", "option", "reward", "purchase_page", "zero_reward"):
+    for name in ("click", "item_options", "option", "reward", "purchase_page", "zero_reward"):
         assert report[f"{name}_consistency"] == 0.0, name
         assert report["consistency_checks"][name]["failures"] == {"invalid_output": report["consistency_checks"][name]["n"]}
     served = [(tr, t, replace(p, failure=None)) for tr, t, p in failed]

@@ -585,3 +585,39 @@ def test_transition_key_is_the_key_a_step_is_stored_under(shop_trajs: list[Traje
             assert transition_key(traj, t) == record.key()
     other = shop_trajs[0].model_copy(update={"traj_id": "other"})
     assert transition_key(other, 0) == transition_key(shop_trajs[0], 0)  # the trajectory plays no part
+
+
+@pytest.mark.parametrize("config", [IndexConfig(), IVF], ids=["exact", "ivf"])
+def test_same_action_first_puts_the_rows_that_took_the_action_in_front(tmp_path: Path, config: IndexConfig) -> None:
+    recs = records(200)
+    query_state, query_action = recs[7].state, "click[b0target]"
+    # Two rows took the query's action from pages unlike the query's; the most similar rows took other actions.
+    far = [recs[150 + i].model_copy(update={"traj_id": f"far{i}", "state": f"another page {i} entirely",
+                                            "action": query_action, "next_state": f"target page {i}"})
+           for i in range(2)]
+    other_env = recs[160].model_copy(update={"traj_id": "tw", "env": "textworld", "action": query_action,
+                                             "state": "unrelated", "next_state": "textworld page"})
+    with ReplayBuffer.open(tmp_path / "b", HashingEncoder(64), config=config) as buf:
+        buf.add_transitions([*recs, *far, other_env])
+        plain = buf.retrieve(query_state, query_action, k=3, env="shop")
+        assert all(h.action != query_action for h in plain)  # φ's nearest rows: the query page's other clicks
+        same = buf.retrieve(query_state, query_action, k=3, env="shop", same_action_first=True)
+        assert [h.action for h in same[:2]] == [query_action] * 2 and {h.traj_id for h in same[:2]} == {"far0", "far1"}
+        assert same[2].row == plain[0].row  # then the rest, by similarity
+        # Filters and exclusions hold for the same-action rows too.
+        kept_out = buf.retrieve(query_state, query_action, k=3, env="shop", exclude_traj="far0", same_action_first=True)
+        assert [h.traj_id for h in kept_out[:1]] == ["far1"] and kept_out[1].action != query_action
+        assert all(h.env == "shop" for h in buf.retrieve(query_state, query_action, k=5, env="shop",
+                                                          same_action_first=True))
+        assert buf.retrieve(query_state, query_action, k=1, same_action_first=True)[0].action == query_action
+        # An action nobody took: the plain ranking.
+        unseen = buf.retrieve(query_state, "click[nothing]", k=3, same_action_first=True)
+        assert [h.row for h in unseen] == [h.row for h in buf.retrieve(query_state, "click[nothing]", k=3)]
+        (row,) = buf.store.rows_of_key(far[0].key())
+        buf.hide_rows(row, row + 1)
+        assert all(h.traj_id != "far0" for h in buf.retrieve(query_state, query_action, k=3, same_action_first=True))
+    with ReplayBuffer.open(tmp_path / "b", HashingEncoder(64), config=config) as buf:  # rebuilt on reopen
+        again = buf.retrieve(query_state, query_action, k=2, env="shop", same_action_first=True)
+        assert {h.traj_id for h in again} == {"far0", "far1"}
+        with pytest.raises(ValueError, match="actions"):
+            buf.search_rows(buf.store.embeddings()[:2], k=1, actions=["click[x]"])

@@ -178,7 +178,8 @@ class ExperienceModel:
             return list(queries)
         excludes = [exclude_traj[i] if exclude_traj else None for i in todo]
         hits = self.buffer.retrieve_batch(
-            [(queries[i].state, queries[i].action) for i in todo], k, env=self.cfg.retrieval_env, exclude_traj=excludes
+            [(queries[i].state, queries[i].action) for i in todo], k, env=self.cfg.retrieval_env, exclude_traj=excludes,
+            same_action_first=self.protocol.same_action_neighbours,
         )
         out = list(queries)
         for i, h in zip(todo, hits, strict=True):

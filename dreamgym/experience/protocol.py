@@ -147,6 +147,10 @@ THINK_INSTRUCTION = "First write <think>brief reasoning about the action's effec
 EXACT_NEIGHBOURS_INSTRUCTION = (
     "A similar transition headed 'same task, state and action' is this very step as the environment once answered it."
 )
+SAME_ACTION_INSTRUCTION = (
+    "A similar transition headed 'same action' took this step's action elsewhere: the page an action opens may be "
+    "the same from anywhere."
+)
 COPY_REFS_INSTRUCTION = (
     "Instead of repeating text from the prompt, point at it: a line '@3-7' stands for STATE lines 3 to 7, '@3-' "
     "for line 3 to the last, '@n1:2' "
@@ -179,6 +183,13 @@ class ProtocolConfig(BaseModel):
     # the offline data played (the same search, the same click); without this, training never shows one (its own
     # key is excluded) and the model writes the page anew.
     exact_neighbours: bool = False
+    # Neighbours that took the query's very action come first (ReplayBuffer.retrieve_batch's same_action_first), in
+    # training and in the dream alike. A page an action opens (a product's item page, a search's results) is the
+    # same from wherever it is clicked, and the offline data holds it for most actions the dream takes, but φ's
+    # nearest neighbour is usually the same page's other clicks: on the shop, 80 of 155 dreamt item-page clicks
+    # retrieved one with the same action at k=1, and no dreamt item page listed its product's options. Such a
+    # neighbour is headed "(i) same action", so the model need not compare the two actions itself to know.
+    same_action_neighbours: bool = False
     # The verdicts of a dreamt reasoning trace (a purchase's "y"/"n" checks, its score and so its reward) are
     # recomputed from the text the trace compares, by the env's EnvSpec.trace_checker (ExperienceModel.predict):
     # the model only has to write what to compare. It changes no prompt or target, only how an output is read.
@@ -194,7 +205,8 @@ class ProtocolConfig(BaseModel):
             return self.system_prompt
         text = DEFAULT_SYSTEM_PROMPT.format(think=THINK_INSTRUCTION if self.reasoning else "")
         text = f"{text} {COPY_REFS_INSTRUCTION}" if self.copy_refs else text
-        return f"{text} {EXACT_NEIGHBOURS_INSTRUCTION}" if self.exact_neighbours else text
+        text = f"{text} {EXACT_NEIGHBOURS_INSTRUCTION}" if self.exact_neighbours else text
+        return f"{text} {SAME_ACTION_INSTRUCTION}" if self.same_action_neighbours else text
 
 
 # ------------------------------------------------------------------------------------------ prompt
@@ -234,6 +246,7 @@ def _history_lines(query: ExperienceQuery, cfg: ProtocolConfig) -> list[str]:
 
 
 SAME_STEP = "same task, state and action"  # the header of an exact neighbour (ProtocolConfig.exact_neighbours)
+SAME_ACTION = "same action"  # the header of another neighbour that took the query's action (same_action_neighbours)
 
 
 def _similar_lines(query: ExperienceQuery, cfg: ProtocolConfig) -> list[str]:
@@ -244,7 +257,8 @@ def _similar_lines(query: ExperienceQuery, cfg: ProtocolConfig) -> list[str]:
     for i, n in enumerate(shown, start=1):
         same = cfg.exact_neighbours and (n.instruction, n.state, n.action) == (query.instruction, query.state,
                                                                               query.action)
-        lines.append(f"({i}) {SAME_STEP}" if same else f"({i})")
+        header = SAME_STEP if same else SAME_ACTION if cfg.same_action_neighbours and n.action == query.action else ""
+        lines.append(f"({i}) {header}" if header else f"({i})")
         if cfg.neighbour_states:
             lines.append(truncate_lines(n.state, cfg.max_neighbour_chars))
         lines += [

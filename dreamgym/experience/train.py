@@ -112,6 +112,7 @@ def exp_queries(
                     exclude_traj=[chunk[i][0].traj_id for i in rows],
                     exclude_key=[None if key in shared else key for key in own],
                     keep_key=[key if key in shared else None for key in own],
+                    same_action_first=cfg.same_action_neighbours,
                 )
                 for i, h in zip(rows, hits, strict=True):
                     queries[i] = replace(queries[i], retrieved=neighbours_of(h))

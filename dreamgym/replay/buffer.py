@@ -211,10 +211,12 @@ class ReplayBuffer:
         source: str | None = None,
         exclude_key: bytes | None = None,
         keep_key: bytes | None = None,
+        same_action_first: bool = False,
     ) -> list[Retrieved]:
         """The k stored transitions most similar to (state, action), best first."""
         return self.retrieve_batch([(state, action)], k, env=env, exclude_traj=[exclude_traj], source=source,
-                                   exclude_key=[exclude_key], keep_key=[keep_key])[0]
+                                   exclude_key=[exclude_key], keep_key=[keep_key],
+                                   same_action_first=same_action_first)[0]
 
     def retrieve_batch(
         self,
@@ -226,6 +228,7 @@ class ReplayBuffer:
         source: str | None = None,
         exclude_key: Sequence[bytes | None] | None = None,
         keep_key: Sequence[bytes | None] | None = None,
+        same_action_first: bool = False,
     ) -> list[list[Retrieved]]:
         """:meth:`retrieve` for many (state, action) queries in one encoder call and one index search.
 
@@ -233,13 +236,14 @@ class ReplayBuffer:
         one transition key (or None) per query, e.g. the key of the transition the query is for; ``keep_key`` one
         key (or None) per query whose stored copy stays retrievable even when it lies in ``exclude_traj``
         (duplicates are stored once, under the first trajectory that added them: a transition another trajectory
-        also recorded is that trajectory's too).
+        also recorded is that trajectory's too). ``same_action_first``: the stored transitions that took the
+        query's very action (the same text) come first, most similar first, then the rest by similarity.
         """
         if not queries:
             return []
         embeddings = self.phi.encode([phi_text(s, a) for s, a in queries])
         return self.search(embeddings, k, env=env, exclude_traj=exclude_traj, source=source, exclude_key=exclude_key,
-                           keep_key=keep_key)
+                           keep_key=keep_key, actions=[a for _, a in queries] if same_action_first else None)
 
     def search(
         self,
@@ -251,10 +255,11 @@ class ReplayBuffer:
         source: str | None = None,
         exclude_key: Sequence[bytes | None] | None = None,
         keep_key: Sequence[bytes | None] | None = None,
+        actions: Sequence[str] | None = None,
     ) -> list[list[Retrieved]]:
         """Retrieval for precomputed query embeddings (``n x dim``, unit rows)."""
         hits = self.search_rows(embeddings, k, env=env, exclude_traj=exclude_traj, source=source,
-                                exclude_key=exclude_key, keep_key=keep_key)
+                                exclude_key=exclude_key, keep_key=keep_key, actions=actions)
         return [
             [Retrieved(**self.store.record(row).model_dump(), score=score, row=row) for row, score in q]
             for q in hits
@@ -270,8 +275,10 @@ class ReplayBuffer:
         source: str | None = None,
         exclude_key: Sequence[bytes | None] | None = None,
         keep_key: Sequence[bytes | None] | None = None,
+        actions: Sequence[str] | None = None,
     ) -> list[list[tuple[int, float]]]:
-        """Like :meth:`search` but returns (row, cosine) pairs without reading the records."""
+        """Like :meth:`search` but returns (row, cosine) pairs without reading the records. ``actions`` (one per
+        query): the rows that took that very action come first (:meth:`retrieve_batch`'s ``same_action_first``)."""
         queries = np.atleast_2d(np.asarray(embeddings, dtype=np.float32))
         if queries.shape[1] != self.store.meta.dim:
             raise ValueError(f"query embeddings have dim {queries.shape[1]}, buffer has {self.store.meta.dim}")
@@ -280,7 +287,8 @@ class ReplayBuffer:
         excludes = list(exclude_traj) if exclude_traj is not None else [None] * len(queries)
         keys = list(exclude_key) if exclude_key is not None else [None] * len(queries)
         kept = list(keep_key) if keep_key is not None else [None] * len(queries)
-        for name, given in (("exclude_traj", excludes), ("exclude_key", keys), ("keep_key", kept)):
+        named = [("exclude_traj", excludes), ("exclude_key", keys), ("keep_key", kept)]
+        for name, given in [*named, *([("actions", actions)] if actions is not None else [])]:
             if len(given) != len(queries):
                 raise ValueError(f"{name} has {len(given)} entries for {len(queries)} queries")
         env_code = self.store.envs.codes.get(env, -1) if env is not None else None
@@ -292,8 +300,18 @@ class ReplayBuffer:
             return [[] for _ in excludes]
         filtered = env is not None or source is not None
         if filtered and passing <= self.index.config.exact_max_rows:
-            return [self._exact(q, k, env_code, source_code, ex) for q, ex in zip(queries, excluded, strict=True)]
+            out = [self._exact(q, k, env_code, source_code, ex) for q, ex in zip(queries, excluded, strict=True)]
+        else:
+            out = self._approximate(queries, k, env_code, source_code, excluded, filtered, passing)
+        if actions is not None:
+            self._same_action_first(queries, actions, k, out, env_code, source_code, excluded)
+        return out
 
+    def _approximate(
+        self, queries: np.ndarray, k: int, env_code: int | None, source_code: int | None, excluded: list[set[int]],
+        filtered: bool, passing: int,
+    ) -> list[list[tuple[int, float]]]:
+        """Top-k by the index, filters applied to its candidates (see the module docstring)."""
         # Over-fetch in proportion to what the filter rejects; queries left short retry with 4x the candidates,
         # then (past MAX_OVERFETCH) fall back to exact search.
         n = len(self)
@@ -320,6 +338,37 @@ class ReplayBuffer:
                 break
             pending, fetch = short, fetch * 4
         return out
+
+    def _same_action_first(
+        self, queries: np.ndarray, actions: Sequence[str], k: int, out: list[list[tuple[int, float]]],
+        env_code: int | None, source_code: int | None, excluded: list[set[int]],
+    ) -> None:
+        """Put in front of each query's hits (in place) its best k rows that took the query's very action, by exact
+        cosine over those rows (queries of one action share one gather), filters and exclusions applied."""
+        vectors = self.store.embeddings()
+        by_action: dict[str, list[int]] = {}
+        for qi, action in enumerate(actions):
+            by_action.setdefault(action, []).append(qi)
+        for action, qis in by_action.items():
+            rows = np.asarray(self.store.action_rows.get(action, ()), dtype=np.int64)
+            ok = np.ones(rows.size, dtype=bool)
+            if env_code is not None:
+                ok &= self.store.env_codes.values[rows] == env_code
+            if source_code is not None:
+                ok &= self.store.source_codes.values[rows] == source_code
+            rows = rows[ok]
+            if rows.size == 0:
+                continue
+            scores = queries[qis] @ np.asarray(vectors[rows]).T
+            for j, qi in enumerate(qis):
+                same: list[tuple[int, float]] = []
+                for p in np.argsort(-scores[j], kind="stable"):
+                    if int(rows[p]) not in excluded[qi]:
+                        same.append((int(rows[p]), float(scores[j, p])))
+                        if len(same) == k:
+                            break
+                taken = {row for row, _ in same}
+                out[qi] = (same + [h for h in out[qi] if h[0] not in taken])[:k]
 
     def _filter_hits(
         self, row_ids: np.ndarray, row_scores: np.ndarray, env_code: int | None, source_code: int | None, ex: set[int]

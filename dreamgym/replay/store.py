@@ -27,7 +27,7 @@ may open a buffer while a writer appends.
 
 Besides the files, the store keeps in memory what retrieval filters need (env, source and trajectory of each
 row as small integer codes), the byte offset of each record (records are read back with ``pread``) and the
-exact-duplicate keys with the rows that hold them.
+exact-duplicate keys with the rows that hold them, and the rows of each action text.
 """
 
 from __future__ import annotations
@@ -124,6 +124,7 @@ class TransitionStore:
         self.env_codes, self.source_codes, self.traj_codes = Column(), Column(), Column()
         self.envs, self.sources, self.trajs = Vocab(), Vocab(), Vocab()
         self.traj_rows: dict[int, list[int]] = {}
+        self.action_rows: dict[str, list[int]] = {}  # action text -> the rows that took it (same-action retrieval)
         self.counts: Counter[tuple[int, int]] = Counter()  # rows per (env code, source code)
         self.iterations: Counter[int] = Counter()
         self._key_rows: dict[bytes, int] = {}  # exact-duplicate key -> the first row holding it
@@ -252,6 +253,7 @@ class TransitionStore:
         self.source_codes.append(source)
         self.traj_codes.append(traj)
         self.traj_rows.setdefault(traj, []).append(self.rows)
+        self.action_rows.setdefault(record.action, []).append(self.rows)
         self.counts[env, source] += 1
         self.iterations[record.iteration] += 1
         if key in self._key_rows:

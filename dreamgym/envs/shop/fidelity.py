@@ -9,6 +9,9 @@ not the model's answer.
 * :func:`click_check`: a click on a result link must open that product's item page: the dreamt state has the
   text lines ``<ASIN> — <title>`` and ``Price: $<price>`` exactly as the clicked link
   ``<ASIN> — <title> | $<price>`` shows them in the current state.
+* :func:`item_options_check`: that item page lists the product's options, every ``name=value`` line in the
+  catalog's order (the results page does not show them: a model copies them from a retrieved page that shows
+  them, or knows the catalog; :func:`click_check` alone passes a page with the right title and made-up options).
 * :func:`option_check`: a click on an option of an item page keeps the product (its id/title and price lines)
   and marks the clicked ``name=value (selected)``.
 * :func:`reward_check`: buying from an item page earns :func:`~dreamgym.envs.shop.reward.purchase_reward` of
@@ -96,6 +99,23 @@ def click_check(state: str, action: str, dreamt: str) -> Check | None:
     if price not in texts:
         return Check(False, "wrong_price")
     return Check(True)
+
+
+def item_options_check(catalog: Catalog, state: str, action: str, dreamt: str) -> Check | None:
+    """Whether the dreamt item page after clicking a result link lists that product's options exactly (None: no
+    such click, or a product the catalog does not hold)."""
+    expected = clicked_link(state, action)
+    if expected is None:
+        return None
+    try:
+        product = catalog.get(expected[0].split(" — ", 1)[0])
+    except KeyError:
+        return None
+    want = [f"{name}={value}" for name, values in product.options for value in values]
+    got = [text for kind, text in elements(dreamt) if kind == "option"]
+    if got == want:
+        return Check(True)
+    return Check(False, "wrong_option_values" if len(got) == len(want) else "wrong_option_count")
 
 
 def option_check(state: str, action: str, dreamt: str) -> Check | None:
@@ -210,12 +230,14 @@ def _rate(checks: Sequence[Check]) -> dict[str, Any]:
 
 
 def consistency_report(steps: Sequence[ShopStep]) -> dict[str, Any]:
-    """Rates (None where no step applies), counts and failure reasons of the five checks over ``steps``."""
-    parts: dict[str, list[Check]] = {"click": [], "option": [], "reward": [], "purchase_page": [], "zero_reward": []}
+    """Rates (None where no step applies), counts and failure reasons of the six checks over ``steps``."""
+    parts: dict[str, list[Check]] = {"click": [], "item_options": [], "option": [], "reward": [], "purchase_page": [],
+                                     "zero_reward": []}
     invalid = Check(False, "invalid_output")
     for s in steps:
         verdicts: dict[str, Check | None] = {
             "click": click_check(s.state, s.action, s.dreamt_state),
+            "item_options": item_options_check(s.catalog, s.state, s.action, s.dreamt_state),
             "option": option_check(s.state, s.action, s.dreamt_state),
         }
         if is_purchase(s.state, s.action):
