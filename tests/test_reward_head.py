@@ -22,6 +22,7 @@ from dreamgym.experience.reward_head import (
     RewardHead,
     endings,
     grounding_features,
+    quantities,
 )
 from dreamgym.llm.base import Completion, Prompt, SamplingParams
 
@@ -71,6 +72,10 @@ def test_the_head_is_seeded_and_round_trips_through_json(fitted: tuple[RewardHea
     (tmp_path / HEAD_FILE).write_text(json.dumps({**data, "features": ["something else"]}))
     with pytest.raises(ValueError, match="invalid reward head"):
         RewardHead.load(tmp_path)
+    older = {k: v for k, v in data.items() if k != "features_version"}  # saved before the version was recorded
+    (tmp_path / HEAD_FILE).write_text(json.dumps(older))
+    with pytest.raises(ValueError, match="features version 1"):
+        RewardHead.load(tmp_path)
     with pytest.raises(ValueError, match="no reward head"):
         RewardHead.load(tmp_path / "nowhere")
     with pytest.raises(ValueError, match=">= 2 real terminal steps"):
@@ -87,6 +92,22 @@ def test_features_see_a_selected_option_the_task_did_not_ask_for() -> None:
     assert black[names["only_in_sibling"]] > 0 and white[names["only_in_sibling"]] == 0
     over = FEATURES.index("number_over_bound")
     assert white[over] == 0 and cheap[over] == 1  # a page number over the task's bound
+
+
+def test_the_bound_reads_the_pages_quantities_written_like_it_not_ids_or_sizes() -> None:
+    """The task's bound ("10.00") is compared with the page's numbers written like it (a price "$57.78"), not with the
+    digits of an id ("B04I0YS7") or a size ("1.7 oz", "30l"): read that way, every page was over a small bound and
+    the head learned to ignore the price (the dream paid 1.0 for moisturisers at $57.78 under a $10.00 bound)."""
+    common = frozenset({"i", "want", "a", "and", "price", "lower", "than", "dollars"})
+    page = ("[1] text: B04I0YS7 — Mira Hyaluronic Acid Face Moisturizer\n[2] text: Price: $8.50\n"
+            "[3] option: size=1.7 oz\n[4] option: size=30l\n[5] button: Buy Now")
+    names = {name: i for i, name in enumerate(FEATURES)}
+    under = grounding_features("i want a face moisturizer, and price lower than 10.00 dollars", page, common)
+    assert under[names["number_over_bound"]] == 0 and under[names["number_to_bound"]] == pytest.approx(0.85)
+    over = grounding_features("i want a face moisturizer, and price lower than 10.00 dollars",
+                              page.replace("$8.50", "$57.78"), common)
+    assert over[names["number_over_bound"]] == 1 and over[names["number_to_bound"]] == pytest.approx(4.0)  # capped
+    assert quantities("B04I0YS7 costs $1,057.78 in size 30l or 1.7 oz") == [(1057.78, 2), (1.7, 1)]
 
 
 class EndsWithOne:

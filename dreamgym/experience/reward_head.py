@@ -10,15 +10,16 @@ steps it ends to this head:
 * **features** (:func:`grounding_features`), computed for any env's ``[id] type: text`` state: which of the task's
   content words (its words minus those in most tasks, learned from the training tasks) appear in the page's first
   element, in marked elements (a trailing ``(selected)``-like parenthetical) and in their unmarked siblings (the
-  same element type); how many marked elements hold none of them; the page's numbers against the task's largest.
+  same element type); how many marked elements hold none of them; the page's quantities written like the task's
+  largest (as many decimals, standing alone: a price like a price, not an id's digits) against it.
   Nothing in them names the shop, its catalog or its reward rule;
 * **a classifier** over the terminal rewards seen in the training data (a small MLP, torch), fitted on the same
   annotated real transitions as M_exp;
 * **the answer** is the most probable reward (``tolerance`` 0), or the value most probably within ``tolerance`` of
   the truth; ``success`` is what most training endings with that reward were. Chosen on val
   (``benchmarks/results/reward_head_val.json``): the most probable reward, over classes of >= 0.3% of the endings,
-  is right to 2 decimals far more often (0.899 against 0.836 at noise 0.5) and within 0.1 about as often (0.936
-  against 0.943) as the answer that maximises the within-0.1 rate.
+  is right to 2 decimals far more often (0.894 against 0.827 at noise 0.5) and within 0.1 about as often (0.934
+  against 0.946) as the answer that maximises the within-0.1 rate.
 
 It is an option (``ExperienceConfig.reward_head``), off unless a config turns it on after a measurement on val:
 the model's own reward is the default and the comparison. Saved as ``reward_head.json`` beside M_exp's weights
@@ -45,6 +46,9 @@ from dreamgym.experience.protocol import terminated
 from dreamgym.types import Trajectory
 
 HEAD_FILE = "reward_head.json"
+# Bumped whenever a feature's meaning changes under the same name (2: the bound's quantities read as written like
+# it), so that a head saved for other features is refused on load instead of silently misread.
+FEATURES_VERSION = 2
 FEATURES = (
     "content_words", "inv_content_words", "in_first", "in_marked", "only_in_sibling", "in_other", "unseen",
     "pairs_in_first", "marked", "marked_without_task_word", "marked_with_task_word",
@@ -52,6 +56,8 @@ FEATURES = (
 )
 _WORD = re.compile(r"[a-z0-9]+(?:[-'][a-z0-9]+)*")
 _NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")
+# a quantity standing alone ("$57.78", "20.00"), not the digits of an id or a unit word ("B04I0YS7", "30l")
+_QUANTITY = re.compile(r"(?<![A-Za-z0-9.,])\d+(?:,\d{3})*(?:\.(\d+))?(?![A-Za-z0-9]|[.,]\d)")
 _MARK = re.compile(r"\([^()]*\)\s*$")  # a trailing parenthetical: "(selected)", "(checked)", "(current)"
 
 
@@ -59,8 +65,9 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
-def numbers(text: str) -> list[float]:
-    return [float(n.replace(",", "")) for n in _NUMBER.findall(text)]
+def quantities(text: str) -> list[tuple[float, int]]:
+    """The stand-alone numbers of ``text`` with their count of decimals: ``$57.78`` is ``(57.78, 2)``."""
+    return [(float(m.group(0).replace(",", "")), len(m.group(1) or "")) for m in _QUANTITY.finditer(text)]
 
 
 def common_words(instructions: Sequence[str], share: float = 0.2) -> list[str]:
@@ -89,10 +96,12 @@ def grounding_features(instruction: str, state: str, common: frozenset[str]) -> 
     pairs = list(itertools.pairwise(content))
     first_text = " ".join(words(elements[0].text)) if elements else ""
     task_words = set(content)
-    bound = max(numbers(instruction), default=None)
-    page_numbers = [x for e in elements[1:] for x in numbers(e.text)]
+    # The task's bound is its largest quantity; the page's quantities written like it (as many decimals: a price
+    # like a price, not a size "1.7 oz" or an id's digits) are what it bounds.
+    bound, decimals = max(quantities(instruction), default=(None, 0))
+    page_numbers = [x for e in elements for x, d in quantities(e.text) if d == decimals]
     over = bound is not None and any(x > bound + 1e-9 for x in page_numbers)
-    ratio = min(page_numbers, default=0.0) / bound if bound else 0.0
+    ratio = max(page_numbers, default=0.0) / bound if bound else 0.0
     return np.array([
         len(content), 1.0 / n, share(first), share(in_marked), share(in_sibling - in_marked - first),
         share(in_other), share(set(w for w in content if w not in first | in_marked | in_sibling | in_other)),
@@ -205,7 +214,7 @@ class RewardHead:
     def save(self, model_dir: str | os.PathLike[str]) -> Path:
         path = Path(model_dir, HEAD_FILE)
         path.write_text(json.dumps({
-            "features": list(FEATURES), "common_words": sorted(self.common), "values": self.values.tolist(),
+            "features": list(FEATURES), "features_version": FEATURES_VERSION, "common_words": sorted(self.common), "values": self.values.tolist(),
             "success": self.success, "mean": self.mean.tolist(), "scale": self.scale.tolist(),
             "weights": {k: v.tolist() for k, v in self.weights.items()}, "tolerance": self.tolerance,
             "summary": self.summary,
@@ -219,6 +228,10 @@ class RewardHead:
             d = json.loads(path.read_text())
             if d["features"] != list(FEATURES):
                 raise ValueError(f"made for features {d['features']}, this dreamgym computes {list(FEATURES)}")
+            if d.get("features_version", 1) != FEATURES_VERSION:
+                raise ValueError(f"made for features version {d.get('features_version', 1)}, this dreamgym computes "
+                                 f"version {FEATURES_VERSION}: fit it again (dreamgym train-exp --reward-head, or "
+                                 "benchmarks/refit_reward_head.py for a bench seed)")
             return cls(d["common_words"], d["values"], d["success"], d["mean"], d["scale"], d["weights"],
                        d["tolerance"], d.get("summary"))
         except FileNotFoundError:
