@@ -8,7 +8,10 @@ the current one's. Persistence and crash safety live in :mod:`~dreamgym.replay.s
 Filters (``env``, ``source``, ``exclude_traj``, ``exclude_key``) are applied after the index search, which
 over-fetches in proportion to how many rows the filter rejects; a query left with fewer than k hits (while more
 exist) is answered by an exact search over the rows that pass. Filters that keep at most ``exact_max_rows`` rows are
-always answered exactly. Not thread-safe: one buffer object per thread.
+always answered exactly. ``same_action_first`` puts the rows that took the query's very action (the store indexes
+rows by action text) in front, ranked by exact cosine among them: the page an action opens is often the same from
+wherever it was taken (a product's item page), and φ's nearest rows are mostly other actions on the same page. Not
+thread-safe: one buffer object per thread.
 
 Duplicates are stored once, under the trajectory that added them first, so excluding a query's own trajectory
 does not keep its own transition out when another trajectory holds the same one: ``exclude_key`` (a
