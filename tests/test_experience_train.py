@@ -305,7 +305,6 @@ def test_sft_shortens_a_long_prompt_by_the_rule_inference_uses(annotated, tmp_pa
     """A prompt over max_length loses its neighbours first, then its history (oldest first), then state lines;
     the system text and the TASK line stay. Training and inference fit it by one function, so a budget gives
     the same prompt in both; a prompt SFT itself would cut from the left is counted."""
-    from dreamgym.experience.model import ExperienceConfig, ExperienceModel
     from dreamgym.experience.protocol import Neighbour, build_messages, fit_prompt, shorter_layouts
     from dreamgym.experience.train import fit_examples
     from dreamgym.sft import TokenizedDataset, encode_target
