@@ -12,6 +12,7 @@ from dreamgym.rl import (
     agg_loss,
     allowed_vocab,
     broadcast_turn_values,
+    discounted_returns,
     entropy_from_logits,
     gae,
     group_advantages,
@@ -23,6 +24,7 @@ from dreamgym.rl import (
     restrict_logprobs,
     reward_variance,
     sequence_logprobs,
+    step_advantages,
     token_logprobs,
     value_loss,
 )
@@ -65,6 +67,32 @@ def test_group_advantage_rejects_bad_input() -> None:
         group_advantages(torch.tensor([1.0, float("nan")]), ["a", "a"])
     with pytest.raises(ValueError, match="group ids"):
         group_advantages(torch.tensor([1.0, 0.0]), ["a"])
+
+
+def test_discounted_returns_by_hand() -> None:
+    # G_2 = 1; G_1 = 0 + 0.5 · 1 = 0.5; G_0 = −0.1 + 0.5 · 0.5 = 0.15
+    assert discounted_returns([-0.1, 0.0, 1.0], 0.5) == pytest.approx([0.15, 0.5, 1.0])
+    assert discounted_returns([], 0.9) == []
+
+
+def test_step_advantages_group_the_turns_taken_in_the_same_state() -> None:
+    """GiGPO's step groups: three episodes of one group start in s0; two reach s1, where one buys the right thing
+    (reward 1) and one the wrong thing (0.5); the third goes to s2 and buys nothing. γ = 0.5, no std."""
+    rewards = [[0.0, 1.0], [0.0, 0.5], [0.0, 0.0]]
+    anchors = [[(0, "s0"), (0, "s1")], [(0, "s0"), (0, "s1")], [(0, "s0"), (0, "s2")]]
+    adv, stats = step_advantages(rewards, anchors, gamma=0.5, normalize_std=False)
+    # s0: returns 0.5, 0.25, 0 (mean 0.25) → +0.25, 0, −0.25; s1: 1 and 0.5 (mean 0.75) → ±0.25; s2 alone → 0
+    assert adv == pytest.approx([0.25, 0.25, 0.0, -0.25, -0.25, 0.0])
+    assert stats == {"step_groups": 2.0, "step_grouped_share": 5 / 6}
+    # the same state in another group (another task) is another anchor: nothing to compare with
+    other = [[(0, "s0"), (0, "s1")], [(1, "s0"), (1, "s1")]]
+    adv, stats = step_advantages(rewards[:2], other, gamma=0.5)
+    assert adv == [0.0] * 4 and stats["step_groups"] == 0.0
+    # with the std: s1's two returns 1 and 0.5 have sample std 0.35355 → ±0.70711
+    adv, _ = step_advantages(rewards[:2], anchors[:2], gamma=0.5)
+    assert adv[1] == pytest.approx(0.70711, abs=1e-4) and adv[3] == pytest.approx(-0.70711, abs=1e-4)
+    with pytest.raises(ValueError, match="one entry per turn"):
+        step_advantages([[0.0, 1.0]], [[(0, "s0")]], gamma=0.5)
 
 
 def test_reward_variance_is_population_variance() -> None:

@@ -109,6 +109,14 @@ def test_grpo_with_action_masking_samples_only_admissible_actions(sft_run: Path,
         RLConfig.model_validate({"action_masking": True, "rollout_server": {"base_url": "http://x", "model": "m"}})
 
 
+def test_gigpo_run_logs_its_step_groups(sft_run: Path, tmp_path: Path) -> None:
+    """Every episode of a group resets to the same first page, so the first turns always form a step group."""
+    train(config(sft_run, algo="grpo", step_advantage_weight=1.0, seed=1), tmp_path / "run")
+    (line,) = metrics(tmp_path / "run")
+    assert line["step_groups"] >= 2  # at least the two tasks' first pages
+    assert 0 < line["step_grouped_share"] <= 1
+
+
 def test_ppo_iteration_updates_policy_and_critic(sft_run: Path, tmp_path: Path) -> None:
     summary = train(config(sft_run, algo="ppo", minibatch_size=8), tmp_path / "run")
     assert summary["algo"] == "ppo" and summary["iterations"] == 1
@@ -393,6 +401,36 @@ def test_grpo_invalid_penalty_on_the_episode_or_on_the_invalid_step() -> None:
     assert RLConfig().invalid_penalty_mode == "episode"
     with pytest.raises(ValueError, match="invalid_penalty_mode"):
         RLConfig(invalid_penalty_mode="turn")
+
+
+def test_gigpo_step_term_credits_the_turn_that_differed_where_the_episode_term_cannot() -> None:
+    """Two episodes of one group visit s0 then s1; at s1 one buys right (1.0), one wrong (0.5). Dr.GRPO gives
+    every turn ±0.25; the step term (ω = 1, γ = 0.5) adds ±0.125 at s0 (returns 0.5 and 0.25) and ±0.25 at s1."""
+    from dreamgym.rl.batch import TurnRow, grpo_advantages
+    from dreamgym.rl.rollout import Episode, Turn
+    from dreamgym.types import Task
+
+    def episode(reward: float, group: int = 0) -> Episode:
+        e = Episode(task=Task(task_id="t", instruction="x"), group_id=group, seed=0, source="real")
+        for i, state in enumerate(["s0", "s1"]):
+            r = reward if i == 1 else 0.0
+            e.turns.append(Turn(state, [], [1], [2], [0.0], "", "a", True, "s2", r, r, i == 1, False, {}))
+        return e
+
+    eps = [episode(1.0), episode(0.5)]
+    rows = [TurnRow([1], [2], [0.0]) for _ in range(4)]
+    assert grpo_advantages(eps, rows, normalize_std=False) == {}
+    assert [r.advantage for r in rows] == pytest.approx([0.25, 0.25, -0.25, -0.25])
+    stats = grpo_advantages(eps, rows, normalize_std=False, step_weight=1.0, step_gamma=0.5)
+    assert [r.advantage for r in rows] == pytest.approx([0.375, 0.5, -0.375, -0.5])
+    assert stats == {"step_groups": 2.0, "step_grouped_share": 1.0}
+    # the step rewards are the ones RL optimises: with the invalid penalty on the step, the task's rewards
+    stats = grpo_advantages(eps, rows, normalize_std=False, invalid_penalty_mode="step", step_weight=0.5,
+                            step_gamma=0.5)
+    assert [r.advantage for r in rows] == pytest.approx([0.3125, 0.375, -0.3125, -0.375])
+    assert RLConfig().step_advantage_weight == 0.0 and RLConfig().step_gamma == 0.95
+    with pytest.raises(ValueError, match="step_advantage_weight"):
+        RLConfig(algo="ppo", step_advantage_weight=1.0)
 
 
 def test_outcome_reward_pays_success_only_and_keeps_the_penalties_and_the_env_reward() -> None:

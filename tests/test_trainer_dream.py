@@ -101,11 +101,11 @@ import dreamgym.rl.trainer as trainer
 torch.set_num_threads(1)
 cfg, run, ready = trainer.RLConfig.model_validate_json(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 real_advantages = trainer.grpo_advantages
-def advantages_then_hang(episodes, *args):
+def advantages_then_hang(episodes, *args, **kwargs):
     if (run / "metrics.jsonl").exists():  # iteration 1 is done and checkpointed: this is iteration 2
         ready.write_text("killed in iteration 2")
         time.sleep(600)
-    return real_advantages(episodes, *args)
+    return real_advantages(episodes, *args, **kwargs)
 trainer.grpo_advantages = advantages_then_hang
 trainer.train(cfg, run)
 """

@@ -1,6 +1,14 @@
 """Policy optimisation: GRPO / PPO advantages and token-level losses (rollout and trainer build on these)."""
 
-from dreamgym.rl.advantages import broadcast_turn_values, episode_gae, gae, group_advantages, reward_variance
+from dreamgym.rl.advantages import (
+    broadcast_turn_values,
+    discounted_returns,
+    episode_gae,
+    gae,
+    group_advantages,
+    reward_variance,
+    step_advantages,
+)
 from dreamgym.rl.losses import (
     AggMode,
     KLKind,
@@ -28,6 +36,7 @@ __all__ = [
     "allowed_vocab",
     "broadcast_turn_values",
     "check_kl_loss",
+    "discounted_returns",
     "dropout_off",
     "entropy_from_logits",
     "episode_gae",
@@ -42,6 +51,7 @@ __all__ = [
     "restrict_logprobs",
     "reward_variance",
     "sequence_logprobs",
+    "step_advantages",
     "token_logprobs",
     "value_loss",
 ]

@@ -7,7 +7,9 @@ any turn), so both estimators give one advantage per turn, which the trainer the
 turn's response tokens:
 
 * GRPO: ``group_advantages`` on the episode returns of the G episodes of one task (a GRPO group); every
-  turn of an episode gets its episode's advantage (the verl-agent GRPO baseline).
+  turn of an episode gets its episode's advantage (the verl-agent GRPO baseline); with GiGPO's step weight,
+  plus ``step_advantages``: the turn's discounted return against those of the group's turns taken in the same
+  state.
 * PPO: ``gae`` over an episode's turns, where V(s_t) is the critic's value at the last prompt token of turn
   t (the state the policy is about to act in); ``broadcast_turn_values`` spreads the per-turn advantages
   onto the response tokens of a packed multi-turn row.
@@ -87,6 +89,50 @@ def group_advantages(
         advantages = advantages / (sample_std[inverse] + eps)
     advantages = torch.where(count[inverse] > 1, advantages, torch.zeros_like(advantages))
     return advantages.to(rewards.dtype)
+
+
+def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
+    """Per step, the discounted return from that step on: G_t = r_t + γ G_{t+1}, G_T = 0."""
+    out = [0.0] * len(rewards)
+    running = 0.0
+    for t in reversed(range(len(rewards))):
+        running = float(rewards[t]) + gamma * running
+        out[t] = running
+    return out
+
+
+@torch.no_grad()
+def step_advantages(
+    rewards: Sequence[Sequence[float]], anchors: Sequence[Sequence[Hashable]], gamma: float,
+    normalize_std: bool = True,
+) -> tuple[list[float], dict[str, float]]:
+    """GiGPO's step-level advantage (Feng et al. 2025, "Group-in-Group Policy Optimization for LLM Agent
+    Training"), one per turn of the given episodes, flattened episode by episode.
+
+    The turns whose anchor (e.g. the group and the exact state acted in) is equal form a *step group*; a turn's
+    discounted return from its step, G_t = Σ_k γ^k r_{t+k}, is compared with its step group's returns exactly as
+    :func:`group_advantages` compares episode returns, so a step group of one turn, or one whose returns are all
+    equal, gives 0. The step term credits the action taken in a state that several episodes of the group
+    reached (which result to open, which option to pick) where the episode term gives every turn the same credit.
+
+    rewards: per episode, its per-turn rewards (what RL optimises); anchors: per episode, one hashable per turn.
+    Returns the advantages and ``{"step_groups": groups of ≥ 2 turns, "step_grouped_share": the share of turns
+    in one}``.
+    """
+    if len(rewards) != len(anchors) or any(len(r) != len(a) for r, a in zip(rewards, anchors, strict=False)):
+        raise ValueError("rewards and anchors must have one entry per turn of each episode")
+    flat_returns = [g for r in rewards for g in discounted_returns(r, gamma)]
+    flat_anchors = [a for per in anchors for a in per]
+    if not flat_returns:
+        return [], {"step_groups": 0.0, "step_grouped_share": 0.0}
+    returns = torch.tensor(flat_returns, dtype=torch.float64)
+    advantages = group_advantages(returns, flat_anchors, normalize_std=normalize_std)
+    sizes: dict[Hashable, int] = {}
+    for a in flat_anchors:
+        sizes[a] = sizes.get(a, 0) + 1
+    grouped = sum(n for n in sizes.values() if n > 1)
+    stats = {"step_groups": float(sum(n > 1 for n in sizes.values())), "step_grouped_share": grouped / len(flat_anchors)}
+    return advantages.tolist(), stats
 
 
 @torch.no_grad()
@@ -179,4 +225,5 @@ def broadcast_turn_values(turn_values: Tensor, turn_ids: Tensor) -> Tensor:
     return torch.where(is_response, gathered, torch.zeros_like(gathered))
 
 
-__all__ = ["GroupIds", "broadcast_turn_values", "episode_gae", "gae", "group_advantages", "reward_variance"]
+__all__ = ["GroupIds", "broadcast_turn_values", "discounted_returns", "episode_gae", "gae", "group_advantages",
+           "reward_variance", "step_advantages"]

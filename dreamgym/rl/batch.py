@@ -1,6 +1,7 @@
 """Turn batches: one row per turn (prompt + response, loss mask on the response), with its advantage.
 
-GRPO: every turn of an episode gets its episode's group-normalised return; PPO: turn-level GAE(γ, λ) with the
+GRPO: every turn of an episode gets its episode's group-normalised return (plus, with GiGPO's step weight, its
+step group's relative return); PPO: turn-level GAE(γ, λ) with the
 critic's V(s_t) (:mod:`dreamgym.rl.advantages`).
 """
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dreamgym.rl.advantages import episode_gae, group_advantages
+from dreamgym.rl.advantages import episode_gae, group_advantages, step_advantages
 from dreamgym.rl.config import RLConfig
 from dreamgym.rl.distributed import Dist
 from dreamgym.rl.losses import masked_whiten
@@ -63,10 +64,17 @@ def collate(rows: Sequence[TurnRow], pad_id: int, with_response: bool = True) ->
 
 def grpo_advantages(
     episodes: Sequence[Episode], rows: list[TurnRow], normalize_std: bool, turn_weighting: str = "token",
-    invalid_penalty_mode: str = "episode", dist: Dist | None = None,
-) -> None:
+    invalid_penalty_mode: str = "episode", dist: Dist | None = None, step_weight: float = 0.0,
+    step_gamma: float = 0.95,
+) -> dict[str, float]:
     """GRPO: every turn of an episode gets its episode's group-normalised return; with
     ``turn_weighting="episode"`` scaled by mean_turns / turns, so every episode weighs the same in the loss.
+
+    With ``step_weight`` ω > 0 each turn also gets ω × its step-level advantage (GiGPO, Feng et al. 2025,
+    :func:`~dreamgym.rl.advantages.step_advantages`): the turns of one group that acted in the very same state
+    (the anchor) form a step group, and a turn's discounted return from that state (``step_gamma``) is compared
+    with the step group's mean (normalised like the episode term). A state reached once has no baseline and adds 0.
+    Returns the step groups' statistics for the run's metrics (empty without ``step_weight``).
 
     Where the invalid-action penalty goes (``invalid_penalty_mode``):
 
@@ -95,8 +103,15 @@ def grpo_advantages(
     turn_adv = [float(a) * w + ((t.reward - r) if step else 0.0)
                 for e, a, w, rs in zip(episodes, advantages, scale, task_rewards, strict=True)
                 for t, r in zip(e.turns, rs, strict=True)]
+    stats: dict[str, float] = {}
+    if step_weight > 0:
+        rewards = [list(rs) if step else [t.reward for t in e.turns] for e, rs in zip(episodes, task_rewards, strict=True)]
+        anchors = [[(e.group_id, t.state) for t in e.turns] for e in episodes]
+        step_adv, stats = step_advantages(rewards, anchors, step_gamma, normalize_std)
+        turn_adv = [a + step_weight * s for a, s in zip(turn_adv, step_adv, strict=True)]
     for row, a in zip(rows, turn_adv, strict=True):
         row.advantage = a
+    return stats
 
 
 def ppo_advantages(

@@ -73,6 +73,12 @@ class RLConfig(BaseModel):
     kl_estimator: KLKind = "k3"
     entropy_coef: float = Field(default=0.0, ge=0)
     normalize_std: bool = Field(default=True, description="GRPO; False = Dr.GRPO")
+    step_advantage_weight: float = Field(
+        default=0.0, ge=0, description="GRPO: GiGPO's ω (Feng et al. 2025). Each turn's advantage adds ω × its step "
+        "advantage: its discounted return from the state it acted in, against those of the group's other turns "
+        "taken in the very same state (0: plain GRPO; GiGPO uses 1)")
+    step_gamma: float = Field(default=0.95, ge=0, le=1, description="GRPO with step_advantage_weight: the discount "
+                              "of the step returns (GiGPO's 0.95)")
     turn_weighting: Literal["token", "episode"] = Field(
         default="token", description="GRPO: 'episode' scales each turn's advantage by mean_turns/turns, so a long "
         "failed episode does not outweigh a short success (benchmarks/results/shop_rl.json, notes)")
@@ -115,6 +121,9 @@ class RLConfig(BaseModel):
     def _check(self) -> RLConfig:
         if self.algo == "grpo" and self.group_size < 2:
             raise ValueError("GRPO needs group_size >= 2 (a group of one has no baseline)")
+        if self.algo != "grpo" and self.step_advantage_weight > 0:
+            raise ValueError("step_advantage_weight is GiGPO's step term of GRPO; PPO's GAE already gives each turn "
+                             "its own advantage (set algo=grpo, or step_advantage_weight=0)")
         if self.real_latency_s > 0 and self.env_backend == "ray":
             raise ValueError("real_latency_s needs env_backend=local (the sessions are bounded per process; "
                              "every Ray actor would get its own)")

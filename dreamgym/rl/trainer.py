@@ -7,7 +7,8 @@ One loop, read top to bottom (CleanRL style). Each iteration:
    in the dream the curriculum then adds variations of the high-variance tasks to the task set;
 2. advantages, one per turn (:mod:`dreamgym.rl.batch`): GRPO = the episode's group-normalised return on every
    turn of the episode (``invalid_penalty_mode``: the invalid-action penalty in that return, or on the invalid
-   turn's own advantage); PPO = turn-level GAE(γ, λ) with the critic's V(s_t);
+   turn's own advantage), plus with ``step_advantage_weight`` GiGPO's step term (the turn's return against the
+   group's other turns from the same state); PPO = turn-level GAE(γ, λ) with the critic's V(s_t);
 3. update: ``ppo_epochs`` passes over shuffled minibatches of turns (:class:`~dreamgym.rl.learner.Learner`);
 4. evaluate greedily on the eval split every ``eval_every`` iterations (those episodes are counted apart and
    never trained on), log (tensorboard in ``RUN/tb``, ``RUN/metrics.jsonl``, one console line), and
@@ -183,6 +184,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
             # ---- advantages: one per turn
             t0 = time.perf_counter()
             rows = turn_rows(episodes)
+            step_stats: dict[str, float] = {}
             if learner.critic is not None:
                 for row, v in zip(rows, learner.values(rows), strict=True):
                     row.old_value = v
@@ -190,7 +192,8 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
                         if cfg.bootstrap_truncated else None)
                 ppo_advantages(episodes, rows, cfg, last, dist)
             else:
-                grpo_advantages(episodes, rows, cfg.normalize_std, cfg.turn_weighting, cfg.invalid_penalty_mode, dist)
+                step_stats = grpo_advantages(episodes, rows, cfg.normalize_std, cfg.turn_weighting,
+                                             cfg.invalid_penalty_mode, dist, cfg.step_advantage_weight, cfg.step_gamma)
 
             # ---- update: clipped policy (and value) steps on minibatches of turns (all-reduced across ranks)
             losses = learner.update(rows, rng)
@@ -206,7 +209,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
                 "synthetic_transitions": state.synthetic_transitions, "tasks": len(taskset),
                 "tokens_per_s": stats.generated_tokens / max(stats.generation_s, 1e-9),
                 "generation_s": stats.generation_s, "env_s": stats.env_s,
-                "rollout_s": rollout_s, "update_s": update_s, **losses,
+                "rollout_s": rollout_s, "update_s": update_s, **losses, **step_stats,
             }
             if variances:
                 metrics["task_variances"] = sorted(variances.values())  # the curriculum's V per group
