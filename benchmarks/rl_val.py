@@ -60,6 +60,24 @@ def run(args: argparse.Namespace, value: Any, seed: int, start: bool = False) ->
     return list(json.loads((out / (EVAL_TASKS_START if start else EVAL_TASKS)).read_text())["per_task"])
 
 
+def seen_val_targets(init: Path) -> dict[str, int] | None:
+    """How many of the val tasks' target products the init policy was cloned on (its ``summary.json``'s ``data``
+    files), or None when the init does not say what it was trained on. A policy whose SFT data ran without
+    ``val_fraction`` has seen every val target: val then measures settings on seen products, not held-out ones."""
+    from dreamgym.envs import make
+    from dreamgym.types import read_trajectories
+
+    summary = init / "summary.json"
+    files = json.loads(summary.read_text()).get("data") if summary.is_file() else None
+    if not files or not all(Path(f).is_file() for f in files):
+        return None
+    seen = {str(t.task.goal.get("asin")) for f in files for t in read_trajectories(f) if t.task.goal}
+    env = make("shop", val_fraction=0.1)
+    val = {str(t.goal.get("asin")) for t in env.tasks("val") if t.goal}
+    env.close()
+    return {"val_targets": len(val), "seen_in_init_data": len(val & seen)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--init", type=Path, required=True, help="the SFT policy every run starts from")
@@ -83,6 +101,10 @@ def main() -> None:
         if not eq or key not in RLConfig.model_fields or key == args.field:
             raise SystemExit(f"error: --set expects FIELD=VALUE with an RLConfig field other than --field, got {item!r}")
         args.fixed[key] = yaml.safe_load(text)
+    seen = seen_val_targets(args.init)
+    if seen and seen["seen_in_init_data"]:
+        print(f"warning: {args.init} was cloned on {seen['seen_in_init_data']} of the {seen['val_targets']} val target "
+              "products (its SFT data ran without val_fraction): val compares settings on seen products", file=sys.stderr)
     values = [yaml.safe_load(v) for v in args.values]
     per = {str(v): [run(args, v, s) for s in args.seeds] for v in values}
     ref = str(values[0])
@@ -99,7 +121,8 @@ def main() -> None:
     result: dict[str, Any] = {
         "command": shlex.join(["python", *sys.argv]), "init": str(args.init), "field": args.field,
         "seeds": args.seeds, "iterations": args.iterations, "split": "val", "eval_episodes": args.eval_episodes,
-        "env_kwargs": {"val_fraction": 0.1}, "rl": {**DemoConfig().rl, **args.fixed}, "reference": ref, "values": {},
+        "env_kwargs": {"val_fraction": 0.1}, "rl": {**DemoConfig().rl, **args.fixed}, "reference": ref,
+        "init_val_targets": seen, "values": {},
     }
     for v in per:
         entry: dict[str, Any] = {"success_rate": bootstrap_ci(col(v, "success")),
