@@ -19,9 +19,14 @@ import shlex
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 KINDS = ("success", "partial", "zero")
+
+
+def fail(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def kind(task: dict[str, Any]) -> str:
@@ -35,7 +40,7 @@ def outcome_moves(run: Path) -> tuple[Counter[str], Counter[str], Counter[tuple[
     start = json.loads((run / "eval_tasks_start.json").read_text())["per_task"]
     end = json.loads((run / "eval_tasks.json").read_text())["per_task"]
     if [t["task_id"] for t in start] != [t["task_id"] for t in end]:
-        raise SystemExit(f"error: {run}: the start and final evaluations are on other tasks")
+        fail(f"{run}: the start and final evaluations are on other tasks")
     before = Counter(kind(t) for t in start)
     after = Counter(kind(t) for t in end)
     moves = Counter((kind(a), kind(b)) for a, b in zip(start, end, strict=True))
@@ -54,7 +59,7 @@ def main() -> None:
     for run in args.runs:
         for name in ("eval_tasks_start.json", "eval_tasks.json"):
             if not (run / name).is_file():
-                raise SystemExit(f"error: {run / name} is missing (run the RL with eval_at_start, to the end)")
+                fail(f"{run / name} is missing (run the RL with eval_at_start, to the end)")
     groups: dict[str, list[Path]] = {}
     for run in args.runs:
         groups.setdefault(setting(run), []).append(run)

@@ -112,6 +112,36 @@ def test_bench_partial_pairs_a_stopped_rows_latest_evaluation_with_sft(tmp_path:
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
 
 
+def test_rl_outcomes_counts_each_tasks_move_between_success_partial_and_zero(tmp_path: Path) -> None:
+    """benchmarks/rl_outcomes.py: per setting (run dirs grouped without their -s<seed>), each task's greedy outcome
+    before and after; start and end on other tasks, or a missing evaluation, are a one-line error (exit 2)."""
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "rl_outcomes.py"
+    start = [(True, 1.0), (True, 1.0), (False, 0.5), (False, 0.0), (False, 0.0)]
+    end = [(True, 1.0), (False, 0.75), (True, 1.0), (False, 0.5), (False, 0.0)]
+    runs = []
+    for seed in (0, 1):
+        run = tmp_path / f"lr=3e-4-s{seed}"
+        run.mkdir()
+        for name, outcomes in (("eval_tasks_start.json", start), ("eval_tasks.json", end)):
+            per_task = [{"episode": i, "task_id": f"t{i}", "success": s, "reward": r} for i, (s, r) in enumerate(outcomes)]
+            (run / name).write_text(json.dumps({"iteration": 0, "per_task": per_task}))
+        runs.append(str(run))
+    out = tmp_path / "outcomes.json"
+    done = subprocess.run([sys.executable, str(script), *runs, "--out", str(out)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    entry = json.loads(out.read_text())["settings"]["lr=3e-4"]
+    assert entry["tasks"] == 10 and entry["before"] == {"success": 4, "partial": 2, "zero": 4}
+    assert entry["after"] == {"success": 4, "partial": 4, "zero": 2}
+    assert entry["moves"]["success->partial"] == 2 and entry["moves"]["partial->success"] == 2
+    assert entry["moves"]["zero->partial"] == 2 and sum(entry["moves"].values()) == 6
+    (tmp_path / "lr=3e-4-s1" / "eval_tasks.json").write_text(json.dumps({"per_task": []}))
+    (tmp_path / "lr=3e-4-s0" / "eval_tasks_start.json").unlink()
+    for argv in (runs[1:], runs[:1]):
+        bad = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+
+
 def test_ablations_are_compared_with_dreamgym_task_by_task(tmp_path: Path) -> None:
     """An ablation row gets ``vs_dreamgym``: its success minus DreamGym's on the same tasks, so the sign of a
     component's effect is read from a paired test, not from two overlapping CIs; bench.md prints it as a table."""
