@@ -46,13 +46,15 @@ from dreamgym.rl.evaluate import EVAL_TASKS, EVAL_TASKS_START
 from dreamgym.rl.trainer import RLConfig, train
 from dreamgym.stats import bootstrap_ci, paired_bootstrap_ci, sign_test
 
+VAL_ENV = {"val_fraction": 0.1}  # the shop's env_kwargs with a val split
+
 
 def run(args: argparse.Namespace, value: Any, seed: int, start: bool = False) -> list[dict[str, Any]]:
     """The per-task outcomes of the run's final evaluation, or with ``start`` of its initial policy's."""
     fixed = "".join(f"+{k}={v}" for k, v in args.fixed.items())
     out = args.work / f"{args.field}={value}{fixed}-s{seed}"
     if not (out / "summary.json").exists():
-        cfg = RLConfig.model_validate({**DemoConfig().rl, "env": "shop", "env_kwargs": {"val_fraction": 0.1},
+        cfg = RLConfig.model_validate({**DemoConfig().rl, "env": "shop", "env_kwargs": VAL_ENV,
                                        "init": str(args.init), "seed": seed, "iterations": args.iterations,
                                        "eval_split": "val", "eval_episodes": args.eval_episodes, "eval_every": 0,
                                        **args.fixed, args.field: value})
@@ -72,7 +74,7 @@ def seen_val_targets(init: Path) -> dict[str, int] | None:
     if not files or not all(Path(f).is_file() for f in files):
         return None
     seen = {str(t.task.goal.get("asin")) for f in files for t in read_trajectories(f) if t.task.goal}
-    env = make("shop", val_fraction=0.1)
+    env = make("shop", **VAL_ENV)
     val = {str(t.goal.get("asin")) for t in env.tasks("val") if t.goal}
     env.close()
     return {"val_targets": len(val), "seen_in_init_data": len(val & seen)}
@@ -121,7 +123,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "command": shlex.join(["python", *sys.argv]), "init": str(args.init), "field": args.field,
         "seeds": args.seeds, "iterations": args.iterations, "split": "val", "eval_episodes": args.eval_episodes,
-        "env_kwargs": {"val_fraction": 0.1}, "rl": {**DemoConfig().rl, **args.fixed}, "reference": ref,
+        "env_kwargs": VAL_ENV, "rl": {**DemoConfig().rl, **args.fixed}, "reference": ref,
         "init_val_targets": seen, "values": {},
     }
     for v in per:

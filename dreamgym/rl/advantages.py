@@ -20,6 +20,7 @@ as GRPO's baseline; ``dreamgym.curriculum`` imports it.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Hashable, Sequence
 
 import torch
@@ -127,9 +128,7 @@ def step_advantages(
         return [], {"step_groups": 0.0, "step_grouped_share": 0.0}
     returns = torch.tensor(flat_returns, dtype=torch.float64)
     advantages = group_advantages(returns, flat_anchors, normalize_std=normalize_std)
-    sizes: dict[Hashable, int] = {}
-    for a in flat_anchors:
-        sizes[a] = sizes.get(a, 0) + 1
+    sizes = Counter(flat_anchors)
     grouped = sum(n for n in sizes.values() if n > 1)
     stats = {"step_groups": float(sum(n > 1 for n in sizes.values())), "step_grouped_share": grouped / len(flat_anchors)}
     return advantages.tolist(), stats
