@@ -23,6 +23,8 @@ from dreamgym.experience.reward_head import (
     endings,
     grounding_features,
     quantities,
+    task_bound,
+    task_phrases,
 )
 from dreamgym.llm.base import Completion, Prompt, SamplingParams
 
@@ -108,6 +110,33 @@ def test_the_bound_reads_the_pages_quantities_written_like_it_not_ids_or_sizes()
                               page.replace("$8.50", "$57.78"), common)
     assert over[names["number_over_bound"]] == 1 and over[names["number_to_bound"]] == pytest.approx(4.0)  # capped
     assert quantities("B04I0YS7 costs $1,057.78 in size 30l or 1.7 oz") == [(1057.78, 2), (1.7, 1)]
+
+
+def test_the_tasks_phrases_are_its_requirements_and_each_is_found_where_the_page_meets_it() -> None:
+    """One phrase per requirement, the bound left out (the price, not a size written with fewer decimals), and each
+    phrase met whole in the title, in a selected option, only in an option not selected, or nowhere: the counts the
+    reward's formula is made of (2 of 4 met + the price = 3/5 here)."""
+    common = frozenset({"i", "need", "and", "in", "size", "price", "lower", "than", "dollars"})
+    task = "i need gluten free and low sugar protein bars in berry flavor and in size 33.8 fl oz, and price lower than 30.00 dollars"
+    assert task_bound(task) is not None and task_bound(task).group(0) == "30.00"  # type: ignore[union-attr]
+    assert task_phrases(task, common) == [frozenset({"gluten", "free"}), frozenset({"low", "sugar", "protein", "bars"}),
+                                          frozenset({"berry", "flavor"}), frozenset({"33", "8", "fl", "oz"})]
+    page = ("[1] text: B0KAI4SI — Tordeber Gluten Free Protein Bars, Low Sugar\n[2] text: Price: $20.71\n"
+            "[3] option: flavor=chocolate (selected)\n[4] option: flavor=berry\n"
+            "[5] option: size=12 count\n[6] option: size=33.8 fl oz (selected)\n[7] button: Buy Now")
+    names = {name: i for i, name in enumerate(FEATURES)}
+    x = grounding_features(task, page, common)
+    counts = ("phrases", "phrases_in_first", "phrases_in_marked", "phrases_only_in_choice", "phrases_unoffered",
+              "phrases_unseen")
+    assert [x[names[k]] for k in counts] == [4, 2, 1, 1, 0, 0]
+    assert x[names["phrase_score"]] == pytest.approx(4 / 5)  # 2 in the title + the size chosen + the price
+    # a size the page does not offer is unmet for sure; a property the title does not show may be met off the page
+    odd = grounding_features(task.replace("33.8 fl oz", "loveseat").replace("gluten free", "non gmo"), page, common)
+    assert [odd[names[k]] for k in counts] == [4, 1, 0, 1, 1, 1]
+    assert odd[names["phrase_score"]] == pytest.approx(2 / 5) and odd[names["phrase_score_unseen_met"]] == pytest.approx(3 / 5)
+    over = grounding_features(task, page.replace("$20.71", "$40.71"), common)
+    assert over[names["phrase_score"]] == pytest.approx(3 / 5)
+    assert grounding_features("i need a backpack", page, common)[names["phrase_score"]] == 0.0  # no bound, no phrase met
 
 
 class EndsWithOne:
