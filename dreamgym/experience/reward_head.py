@@ -92,7 +92,7 @@ def task_bound(instruction: str) -> re.Match[str] | None:
 
 def task_phrases(instruction: str, common: frozenset[str]) -> list[frozenset[str]]:
     """The task's phrases: maximal runs of its words between template words (``common``) and punctuation, its
-    bound (largest quantity) left out, each as a set of words, without repeats. ``"quick dry t-shirt in yellow
+    bound (:func:`task_bound`) left out, each as a set of words, without repeats. ``"quick dry t-shirt in yellow
     and in size xs, and price lower than 20.00 dollars"`` gives {quick, dry, t-shirt}, {yellow}, {xs} when "in",
     "and", "size", "price", ... are template words: what the task asks for, one phrase per requirement."""
     return list(_phrase_runs(instruction, common))
@@ -137,8 +137,8 @@ def grounding_features(instruction: str, state: str, common: frozenset[str]) -> 
     pairs = list(itertools.pairwise(content))
     first_text = " ".join(words(elements[0].text)) if elements else ""
     task_words = set(content)
-    # The task's bound is its largest quantity; the page's quantities written like it (as many decimals: a price
-    # like a price, not a size "1.7 oz" or an id's digits) are what it bounds.
+    # The task's bound (:func:`task_bound`); the page's quantities written like it (as many decimals: a price like
+    # a price, not a size "1.7 oz" or an id's digits) are what it bounds.
     found = task_bound(instruction)
     bound = None if found is None else float(found.group(0).replace(",", ""))
     decimals = 0 if found is None else len(found.group(1) or "")
