@@ -3,7 +3,7 @@
 training M_exp again; the seed's fidelity and dream stages must then be run again (delete their stage files).
 
     python benchmarks/refit_reward_head.py RUN/seed0 [RUN/seed1 ...]
-    python benchmarks/refit_reward_head.py RUN/seed0 ... --copy-to NEW --fidelity   # NEW/seed0: M_exp's fidelity again
+    python benchmarks/refit_reward_head.py RUN/seed0 ... --copy-to NEW --fidelity   # NEW/RUN/seed0: the fidelity again
 
 Used when the head's features change while M_exp's weights do not (the head reads the page and the task, never M_exp).
 ``--copy-to NEW`` leaves the run as it was: it copies each seed's ``experience_model/`` to ``NEW/<run name>/<seed>/``
