@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -140,6 +141,35 @@ def test_rl_outcomes_counts_each_tasks_move_between_success_partial_and_zero(tmp
     for argv in (runs[1:], runs[:1]):
         bad = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+
+
+def test_group_signal_counts_groups_whose_purchases_differ_in_what_decides_success(tmp_path: Path) -> None:
+    """benchmarks/group_signal.py, on two hand-made groups: one whose episodes buy two options of the same product
+    (one wins: a choice signal), one whose episodes all buy the same thing and win (no variance at all); a rollout
+    line that is not an episode is a one-line error (exit 2)."""
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "group_signal.py"
+
+    def episode(task: str, options: str | None, success: bool) -> dict[str, Any]:
+        page = "[1] text: B0AAAAAA — Blue Mug\n[2] option: size=small" + (f" {options}" if options else "")
+        steps = [{"state": "[1] searchbox: search[your query]", "action": "search[mug]", "reward": 0.0, "done": False},
+                 {"state": page, "action": "click[buy now]", "reward": 1.0 if success else 0.5, "done": True}]
+        return {"task": {"task_id": task}, "transitions": steps, "success": success}
+
+    run = tmp_path / "grpo_real"
+    (run / "rollouts").mkdir(parents=True)
+    group_a = [episode("a", "(selected)", True), episode("a", None, False), episode("a", None, False)]
+    group_b = [episode("b", "(selected)", True)] * 3
+    (run / "rollouts" / "iter_00001.jsonl").write_text("".join(json.dumps(e) + "\n" for e in group_a + group_b))
+    out = tmp_path / "signal.json"
+    done = subprocess.run([sys.executable, str(script), str(run), "--out", str(out)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    total = json.loads(out.read_text())["total"]
+    assert total == {"groups": 2, "reward_varies": 1, "mixed_success": 1, "purchases_differ_in_product": 0,
+                     "purchases_differ_in_options": 1, "purchase_choice_decides": 1}
+    (run / "rollouts" / "iter_00002.jsonl").write_text("{}\n")
+    bad = subprocess.run([sys.executable, str(script), str(run)], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
 
 
 def test_ablations_are_compared_with_dreamgym_task_by_task(tmp_path: Path) -> None:
