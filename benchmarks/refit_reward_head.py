@@ -4,13 +4,17 @@ training M_exp again; the seed's fidelity and dream stages must then be run agai
 
     python benchmarks/refit_reward_head.py RUN/seed0 [RUN/seed1 ...]
     python benchmarks/refit_reward_head.py RUN/seed0 ... --copy-to NEW --fidelity   # NEW/RUN/seed0: the fidelity again
+    python benchmarks/refit_reward_head.py RUN/seed0 --copy-to NEW --add --fidelity  # a run made without a head
 
 Used when the head's features change while M_exp's weights do not (the head reads the page and the task, never M_exp).
 ``--copy-to NEW`` leaves the run as it was: it copies each seed's ``experience_model/`` to ``NEW/<run name>/<seed>/``
 and refits there, ready for the same ``dreamgym bench`` command with ``--out NEW/<run name>`` to run the fidelity
 and dream stages again with the new head (:func:`copy_seed`; every other stage is found made). ``--fidelity`` runs
 the seed's fidelity stage alone there instead (``dreamgym.pipeline.fidelity``), writing ``fidelity.json`` for
-``benchmarks/fidelity_table.py``.
+``benchmarks/fidelity_table.py``. ``--add`` (with ``--copy-to`` only) gives a head to a seed whose M_exp was trained
+without one: the copy's config and M_exp's ``experience.json`` are marked ``reward_head: true`` (M_exp's SFT does not
+depend on it), so that ``--fidelity`` measures the head with M_exp's weights as they were. (The bench itself then
+finds the copy's M_exp stage made under another config, and refuses it without ``--force``.)
 """
 
 from __future__ import annotations
@@ -32,14 +36,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("seed_dirs", nargs="+", type=Path)
     ap.add_argument("--copy-to", type=Path, help="refit in a copy under this dir (NEW/<run name>/<seed>), not in place")
     ap.add_argument("--fidelity", action="store_true", help="then run the seed's fidelity stage again")
+    ap.add_argument("--add", action="store_true", help="with --copy-to: add a head to a seed trained without one")
     args = ap.parse_args(argv)
+    if args.add and args.copy_to is None:
+        print("error: --add needs --copy-to (a run's own config is never rewritten)", file=sys.stderr)
+        return 2
     for d in args.seed_dirs:
         model, data = d / "experience_model", d / "offline_annotated.jsonl"
         if not (model / "config.json").is_file() or not data.is_file():
             print(f"error: {d} holds no trained experience_model/ and offline_annotated.jsonl", file=sys.stderr)
             return 2
         cfg = yaml.safe_load((d / "demo_config.yaml").read_text())
-        if not cfg.get("exp_reward_head"):
+        if not cfg.get("exp_reward_head") and not args.add:
             print(f"error: {d}: its config has no reward head (exp_reward_head)", file=sys.stderr)
             return 2
         if args.fidelity and not (d / "heldout_annotated.jsonl").is_file():
@@ -48,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.copy_to is not None:
             d = copy_seed(d, args.copy_to / d.resolve().parent.name / d.name)
             model, data = d / "experience_model", d / "offline_annotated.jsonl"
+            if args.add:
+                cfg = {**cfg, "exp_reward_head": True}
+                (d / "demo_config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+                exp_file = model / "experience.json"
+                exp_file.write_text(json.dumps({**json.loads(exp_file.read_text()), "reward_head": True}, indent=2))
         head = RewardHead.fit(endings(read_trajectories(data)), seed=int(cfg.get("seed", 0)))
         head.save(model)
         summary_file = model / "summary.json"

@@ -301,3 +301,15 @@ def test_micro_bench_two_seeds_end_to_end_and_resumes(tmp_path: Path) -> None:
     assert again.stderr.count("cached") == 2 * 6  # collect, annotate, train_exp, sft, grpo_real, dreamgym per seed
     assert {p: p.stat().st_mtime_ns for p in out.glob("seed*/stages/*.json")} == markers
     assert json.loads((out / "bench.json").read_text())["rows"] == data["rows"]
+
+
+def test_refit_reward_head_adds_a_head_only_to_a_copy(tmp_path: Path) -> None:
+    """benchmarks/refit_reward_head.py --add marks a config as having a reward head, so it must never rewrite the
+    run's own: without --copy-to it is a one-line error (exit 2), as is a seed dir without a trained M_exp."""
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "refit_reward_head.py"
+    (tmp_path / "seed0").mkdir()
+    for argv in (["--add"], ["--copy-to", str(tmp_path / "new"), "--add"]):
+        bad = subprocess.run([sys.executable, str(script), str(tmp_path / "seed0"), *argv], capture_output=True,
+                             text=True, timeout=120)
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+    assert not (tmp_path / "new").exists()
