@@ -1,11 +1,13 @@
 """Two benches' rows, paired task by task: what changing one thing (the policy's base, say) did to each row.
 
     python benchmarks/bench_pair.py NEW/bench.json OLD/bench.json [--out FILE.json]
+    python benchmarks/bench_pair.py B/bench.json B/bench.json --rows dreamgym grpo_real   # two rows of one bench
 
 For each row both benches ran, on the seeds both ran: the success and mean reward of each, and NEW minus OLD as a
 paired bootstrap CI over seeds and tasks (``dreamgym.stats``; the benches' tasks are the same seeded test tasks, so
 a task's two outcomes pair up; checked by task id) with the two-sided exact sign test on the tasks where exactly
-one of the two succeeded. A row's seeds must carry the same task ids in the same order on both sides, else the
+one of the two succeeded. ``--rows A B`` pairs row A of NEW with row B of OLD instead (the same file twice compares two
+rows of one bench: DreamGym against GRPO-real on the same tasks, say). A row's seeds must carry the same task ids in the same order on both sides, else the
 pair is an error (exit 2), never a silently misaligned comparison.
 """
 
@@ -53,9 +55,19 @@ def main() -> None:
     ap.add_argument("new", type=Path)
     ap.add_argument("old", type=Path)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--rows", nargs=2, metavar=("NEW_ROW", "OLD_ROW"), help="pair these two rows (else every shared row)")
     args = ap.parse_args()
     try:
-        rows = pair(_rows(args.new), _rows(args.old))
+        new, old = _rows(args.new), _rows(args.old)
+        if args.rows:
+            a, b = args.rows
+            for row, side, path in ((a, new, args.new), (b, old, args.old)):
+                if row not in side:
+                    raise ValueError(f"{path} has no row {row!r} (it has {', '.join(side)})")
+            label = f"{a} - {b}"
+            new = {label: {**new[a], "method": f"{new[a]['method']} - {old[b]['method']}"}}
+            old = {label: old[b]}
+        rows = pair(new, old)
         if not rows:
             raise ValueError(f"{args.new} and {args.old} share no row")
     except ValueError as e:

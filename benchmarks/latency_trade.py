@@ -8,8 +8,9 @@ eval success against wall-clock (the start's evaluation at 0 s) and reports the 
 
 - GRPO-real: its run's cumulative ``wall_s`` at each evaluation (latency paid, evaluation exempt);
 - DreamGym: M_exp's training time (the ``train_exp`` stage) plus the dream run's ``wall_s`` (the dream pays no
-  latency), and, separately, what collecting its offline data would cost at the same latency with the same
-  sessions (``(episodes + transitions) x latency / sessions``, a lower bound: perfect packing).
+  latency), and, separately, what collecting the offline data would cost at the same latency with the same
+  sessions (``(episodes + transitions) x latency / sessions``, a lower bound: perfect packing): the data the SFT
+  policy both rows start from, and apart the extra behaviours' episodes that only M_exp trains on.
 
     .venv/bin/python benchmarks/latency_trade.py --seed-dir runs/bench/seed0 --latency 1 --sessions 4
 
@@ -66,6 +67,10 @@ def main() -> None:
     dream = curve(seed_dir / "dreamgym", offset=exp_s)
     collect = json.loads((seed_dir / "stages" / "collect.json").read_text())
     offline_s = (collect["trajectories"] + collect["transitions"]) * args.latency / args.sessions
+    # the extra behaviours' episodes (DemoConfig.extra_behaviour) are M_exp's data only: a cost of the dream alone
+    extra = [{**e, "collection_s_at_this_latency": (e["trajectories"] + e["transitions"]) * args.latency / args.sessions}
+             for e in collect.get("extra", [])]
+    extra_s = sum(e["collection_s_at_this_latency"] for e in extra)
     target = real[-1]["eval_success"]
     summary = json.loads((run / "summary.json").read_text())
     result: dict[str, Any] = {
@@ -83,8 +88,10 @@ def main() -> None:
                       [(p["eval_success"], p["eval_reward"]) for p in fast]},
         "dreamgym": {"curve": dream, "train_exp_s": exp_s, "reaches_target_at_s": first_reaching(dream, target),
                      "final_success": dream[-1]["eval_success"] if dream else None},
+        # the SFT policy's data, which both rows start from (M_exp's too)
         "offline_data": {"trajectories": collect["trajectories"], "transitions": collect["transitions"],
                          "collection_s_at_this_latency": offline_s},
+        "m_exp_only_offline_data": {"behaviours": extra, "collection_s_at_this_latency": extra_s},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
@@ -93,7 +100,8 @@ def main() -> None:
           f"session-s of latency)")
     at = result["dreamgym"]["reaches_target_at_s"]
     print(f"DreamGym reaches it at {'never (final ' + format(dream[-1]['eval_success'], '.3f') + ')' if at is None else format(at, '.0f') + ' s'}"
-          f" (M_exp {exp_s:.0f} s + dream); its offline data would take >= {offline_s:.0f} s to collect at this latency")
+          f" (M_exp {exp_s:.0f} s + dream); at this latency the offline data both rows start from would take >= "
+          f"{offline_s:.0f} s to collect" + (f", and M_exp's own extra episodes >= {extra_s:.0f} s more" if extra else ""))
 
 
 if __name__ == "__main__":

@@ -313,3 +313,26 @@ def test_refit_reward_head_adds_a_head_only_to_a_copy(tmp_path: Path) -> None:
                              text=True, timeout=120)
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
     assert not (tmp_path / "new").exists()
+
+
+def test_bench_pair_compares_two_rows_of_one_bench_task_by_task(tmp_path: Path) -> None:
+    """benchmarks/bench_pair.py --rows A B: row A minus row B on the same tasks (here of one bench.json); a row the
+    bench lacks is a one-line error (exit 2)."""
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_pair.py"
+
+    def row(name: str, wins: list[int]) -> dict[str, Any]:
+        tasks = [{"task_id": f"t{i}", "success": bool(w), "reward": float(w)} for i, w in enumerate(wins)]
+        return {"row": name, "method": name, "per_task": {"seed0": tasks, "seed1": tasks}}
+
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"rows": [row("dreamgym", [1, 1, 1, 0]), row("grpo_real", [1, 0, 0, 0])]}))
+    out = tmp_path / "pair.json"
+    done = subprocess.run([sys.executable, str(script), str(bench), str(bench), "--rows", "dreamgym", "grpo_real",
+                           "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    (entry,) = json.loads(out.read_text())["rows"]
+    assert entry["row"] == "dreamgym - grpo_real" and entry["new_minus_old"]["better"] == 4
+    assert entry["new_minus_old"]["worse"] == 0 and entry["new_minus_old"]["diff"]["mean"] == pytest.approx(0.5)
+    bad = subprocess.run([sys.executable, str(script), str(bench), str(bench), "--rows", "dreamgym", "ppo_real"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
