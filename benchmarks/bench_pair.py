@@ -6,9 +6,9 @@
 For each row both benches ran, on the seeds both ran: the success and mean reward of each, and NEW minus OLD as a
 paired bootstrap CI over seeds and tasks (``dreamgym.stats``; the benches' tasks are the same seeded test tasks, so
 a task's two outcomes pair up; checked by task id) with the two-sided exact sign test on the tasks where exactly
-one of the two succeeded. ``--rows A B`` pairs row A of NEW with row B of OLD instead (the same file twice compares two
-rows of one bench: DreamGym against GRPO-real on the same tasks, say). A row's seeds must carry the same task ids in the same order on both sides, else the
-pair is an error (exit 2), never a silently misaligned comparison.
+one of the two succeeded. ``--rows A B`` pairs row A of NEW with row B of OLD instead (the same file twice compares
+two rows of one bench: DreamGym against GRPO-real on the same tasks, say). A row's seeds must carry the same task ids
+in the same order on both sides, else the pair is an error (exit 2), never a silently misaligned comparison.
 """
 
 from __future__ import annotations

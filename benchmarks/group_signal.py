@@ -26,7 +26,9 @@ import shlex
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
+
+from dreamgym.types import DataError, Trajectory, read_trajectories
 
 KINDS = ("groups", "reward_varies", "mixed_success", "purchases_differ_in_product", "purchases_differ_in_options",
          "purchase_choice_decides")
@@ -37,30 +39,30 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def purchase(episode: dict[str, Any]) -> tuple[str, tuple[str, ...]] | None:
+def purchase(episode: Trajectory) -> tuple[str, tuple[str, ...]] | None:
     """(product, selected options) of an episode that ends on a purchase, else None."""
-    steps = episode.get("transitions") or []
-    if not steps or steps[-1].get("action", "").strip().lower() != "click[buy now]" or not steps[-1].get("done"):
+    if not episode.transitions:
         return None
-    lines = [line.split("] ", 1)[-1] for line in str(steps[-1].get("state", "")).splitlines()]
+    last = episode.transitions[-1]
+    if last.action.strip().lower() != "click[buy now]" or not last.done:
+        return None
+    lines = [line.split("] ", 1)[-1] for line in last.state.splitlines()]
     if not lines:
         return None
     return lines[0], tuple(sorted(line for line in lines if line.endswith("(selected)")))
 
 
-def group_counts(episodes: list[dict[str, Any]]) -> Counter[str]:
+def group_counts(episodes: list[Trajectory]) -> Counter[str]:
     """The kinds (``KINDS``) one group of episodes of the same task counts in."""
     out: Counter[str] = Counter(groups=1)
-    returns = [round(sum(float(t.get("reward", 0.0)) for t in e.get("transitions") or []), 6) for e in episodes]
-    wins = [bool(e.get("success")) for e in episodes]
-    out["reward_varies"] = int(len(set(returns)) > 1)
+    wins = [e.success for e in episodes]
+    out["reward_varies"] = int(len({round(e.total_reward, 6) for e in episodes}) > 1)
     out["mixed_success"] = int(any(wins) and not all(wins))
-    bought = [(p, w) for e, w in zip(episodes, wins, strict=True) if (p := purchase(e)) is not None]
-    products = {p[0] for p, _ in bought}
+    bought = [(p, e.success) for e in episodes if (p := purchase(e)) is not None]
     by_product: defaultdict[str, set[tuple[str, ...]]] = defaultdict(set)
     for (product, options), _ in bought:
         by_product[product].add(options)
-    out["purchases_differ_in_product"] = int(len(products) > 1)
+    out["purchases_differ_in_product"] = int(len(by_product) > 1)
     out["purchases_differ_in_options"] = int(any(len(v) > 1 for v in by_product.values()))
     won = {p for p, w in bought if w}
     lost = {p for p, w in bought if not w}
@@ -74,13 +76,12 @@ def run_counts(run: Path) -> Counter[str]:
         fail(f"{run} has no rollouts/iter_*.jsonl (an RL run with save_rollouts)")
     total: Counter[str] = Counter({k: 0 for k in KINDS})
     for f in files:
-        groups: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
-        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
-            try:
-                episode = json.loads(line)
-                groups[str(episode["task"]["task_id"])].append(episode)
-            except (ValueError, KeyError, TypeError) as e:
-                fail(f"{f}:{n} is not an episode (missing or bad {e})")
+        groups: defaultdict[str, list[Trajectory]] = defaultdict(list)
+        try:
+            for episode in read_trajectories(f):
+                groups[episode.task.task_id].append(episode)
+        except DataError as e:
+            fail(str(e))
         for episodes in groups.values():
             total.update(group_counts(episodes))
     return total

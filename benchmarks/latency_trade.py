@@ -66,10 +66,12 @@ def main() -> None:
     exp_s = float(json.loads((seed_dir / "stages" / "train_exp.json").read_text())["stage_seconds"])
     dream = curve(seed_dir / "dreamgym", offset=exp_s)
     collect = json.loads((seed_dir / "stages" / "collect.json").read_text())
-    offline_s = (collect["trajectories"] + collect["transitions"]) * args.latency / args.sessions
+    def collection_s(data: dict[str, Any]) -> float:  # every reset and step of its episodes, perfectly packed
+        return float(data["trajectories"] + data["transitions"]) * args.latency / args.sessions
+
+    offline_s = collection_s(collect)
     # the extra behaviours' episodes (DemoConfig.extra_behaviour) are M_exp's data only: a cost of the dream alone
-    extra = [{**e, "collection_s_at_this_latency": (e["trajectories"] + e["transitions"]) * args.latency / args.sessions}
-             for e in collect.get("extra", [])]
+    extra = [{**e, "collection_s_at_this_latency": collection_s(e)} for e in collect.get("extra", [])]
     extra_s = sum(e["collection_s_at_this_latency"] for e in extra)
     target = real[-1]["eval_success"]
     summary = json.loads((run / "summary.json").read_text())

@@ -151,9 +151,11 @@ def test_group_signal_counts_groups_whose_purchases_differ_in_what_decides_succe
 
     def episode(task: str, options: str | None, success: bool) -> dict[str, Any]:
         page = "[1] text: B0AAAAAA — Blue Mug\n[2] option: size=small" + (f" {options}" if options else "")
-        steps = [{"state": "[1] searchbox: search[your query]", "action": "search[mug]", "reward": 0.0, "done": False},
-                 {"state": page, "action": "click[buy now]", "reward": 1.0 if success else 0.5, "done": True}]
-        return {"task": {"task_id": task}, "transitions": steps, "success": success}
+        steps = [{"state": "[1] searchbox: search[your query]", "action": "search[mug]", "next_state": page,
+                  "reward": 0.0, "done": False},
+                 {"state": page, "action": "click[buy now]", "next_state": "", "reward": 1.0 if success else 0.5,
+                  "done": True}]
+        return {"task": {"task_id": task, "instruction": "a blue mug"}, "transitions": steps, "success": success}
 
     run = tmp_path / "grpo_real"
     (run / "rollouts").mkdir(parents=True)
@@ -308,10 +310,12 @@ def test_refit_reward_head_adds_a_head_only_to_a_copy(tmp_path: Path) -> None:
     run's own: without --copy-to it is a one-line error (exit 2), as is a seed dir without a trained M_exp."""
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "refit_reward_head.py"
     (tmp_path / "seed0").mkdir()
-    for argv in (["--add"], ["--copy-to", str(tmp_path / "new"), "--add"]):
+    for argv, why in ((["--add"], "--add needs --copy-to"),
+                      (["--copy-to", str(tmp_path / "new"), "--add"], "holds no trained experience_model")):
         bad = subprocess.run([sys.executable, str(script), str(tmp_path / "seed0"), *argv], capture_output=True,
                              text=True, timeout=120)
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+        assert why in bad.stderr  # the guard that fired, not another one-line error before or after it
     assert not (tmp_path / "new").exists()
 
 
