@@ -169,6 +169,12 @@ class DemoConfig(BaseModel):
         "time_budget_s is only a safety cap (train_exp.json's time_cap_fired says whether it cut the schedule short)")
     exp_reward_head: bool = Field(default=False, description="the reward of the steps M_exp ends from a reward head "
                                   "fitted on the offline data's real endings (dreamgym.experience.reward_head)")
+    exp_reserve_prompt: bool = Field(
+        default=True, description="M_exp served the prompt layout it was trained on: its prompts fitted to "
+        "ExperienceConfig.prompt_budget (the trained length minus the median target, leaving the 0.99 quantile of the "
+        "targets room to answer) when served and at most that in SFT; false: the rule of the benches made before "
+        "2026-12-06 (served prompts fitted to the context minus the longest answer, so that on the shop a third of "
+        "them lost their neighbour)")
     exp_mixture: dict[str, float] | None = Field(default=None, description="examples per transition by the page "
                                                  "type of its next state, a terminal one's outcome apart if given "
                                                  "(done:failure; None = each once; the shop's EnvSpec gives one)")
@@ -283,8 +289,8 @@ class Stage(NamedTuple):
 
 
 # In pipeline order; each stage's marker is RUN/stages/<name>.json. A field read through an input stage (env, seed)
-# is in that stage's key already.
-EXP_FIELDS = ("exp_model", "exp_protocol", "exp_sft", "exp_mixture", "exp_reward_head")  # an M_exp stage reads
+# is in that stage's key already. EXP_FIELDS: what an M_exp stage reads.
+EXP_FIELDS = ("exp_model", "exp_protocol", "exp_sft", "exp_mixture", "exp_reward_head", "exp_reserve_prompt")
 STAGES: dict[str, Stage] = {
     "collect": Stage("collect offline data", ("env", "env_kwargs", "seed", "offline_episodes", "offline_file",
                                               "collect_policy", "noise", "extra_behaviour"), (),
@@ -336,7 +342,7 @@ def active_stages(cfg: DemoConfig) -> list[str]:
 # Fields added after benches were committed, with the value that does what the code did before them: at that
 # value a field is left out of its stage's key, so the committed benches' stages stay reusable (and a seed's rerun
 # can still reproduce them); any other value is in the key like every field.
-LATE_FIELDS: dict[str, Any] = {"bc_final_repeat": 1, "exp_reward_head": False}
+LATE_FIELDS: dict[str, Any] = {"bc_final_repeat": 1, "exp_reward_head": False, "exp_reserve_prompt": False}
 
 
 def stage_keys(cfg: DemoConfig) -> dict[str, dict[str, Any]]:
@@ -607,7 +613,8 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
     stage("annotate", f"annotate reasoning ({annotator_name(cfg)})", lambda: annotate(cfg, [offline, *extra], annotated))
     stage("train_exp", "train the experience model", lambda: train_experience_model(
         [annotated], cfg.exp_model, exp_dir, ProtocolConfig(**cfg.exp_protocol), SFTConfig(**cfg.exp_sft),
-        buffer_dir=out / "buffer", mixture=cfg.exp_mixture, seed=cfg.seed, reward_head=cfg.exp_reward_head))
+        buffer_dir=out / "buffer", mixture=cfg.exp_mixture, seed=cfg.seed, reward_head=cfg.exp_reward_head,
+        reserve_prompt=cfg.exp_reserve_prompt))
     fid = None
     if cfg.heldout_episodes:
         fid = stage("fidelity", "fidelity of the experience model (held-out real transitions)",
@@ -670,7 +677,7 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
         stage(name, STAGES[name].title, lambda: train_experience_model(
             [annotated], cfg.exp_model, out / f"experience_model{suffix}", ProtocolConfig(**protocol),
             SFTConfig(**cfg.exp_sft), buffer_dir=out / f"buffer{suffix}", mixture=cfg.exp_mixture, seed=cfg.seed,
-            reward_head=cfg.exp_reward_head))
+            reward_head=cfg.exp_reward_head, reserve_prompt=cfg.exp_reserve_prompt))
 
     if "dreamgym" in active_stages(cfg):
         by_row["dreamgym"] = stage("dreamgym", "DreamGym: GRPO in the dream (0 real transitions)",

@@ -319,6 +319,32 @@ def test_refit_reward_head_adds_a_head_only_to_a_copy(tmp_path: Path) -> None:
     assert not (tmp_path / "new").exists()
 
 
+
+def test_serve_budget_pairs_the_two_servings_by_seed_and_refuses_an_untrained_seed(tmp_path: Path) -> None:
+    """benchmarks/serve_budget.py: a seed dir without a trained M_exp is a one-line error (exit 2) that writes
+    nothing; its paired summary is each seed's ``budget - before`` with their mean."""
+    import importlib.util
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "serve_budget.py"
+    (tmp_path / "seed0").mkdir()
+    bad = subprocess.run([sys.executable, str(script), str(tmp_path / "seed0"), "--out", str(tmp_path / "o.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+    assert "holds no trained experience_model" in bad.stderr and not (tmp_path / "o.json").exists()
+    spec = importlib.util.spec_from_file_location("serve_budget", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = [{"before": {"next_state_f1": 0.90, "done_accuracy": None}, "budget": {"next_state_f1": 0.93,
+                                                                               "done_accuracy": None}},
+            {"before": {"next_state_f1": 0.80, "done_accuracy": None}, "budget": {"next_state_f1": 0.81,
+                                                                               "done_accuracy": None}}]
+    for r in rows:
+        for side in r.values():
+            side.update({k: side.get(k) for k in module.KEYS})
+    f1 = module.paired(rows)["next_state_f1"]
+    assert f1["per_seed"] == [0.03, 0.01] and f1["mean"] == pytest.approx(0.02) and "done_accuracy" not in module.paired(rows)
+
 def test_bench_pair_compares_two_rows_of_one_bench_task_by_task(tmp_path: Path) -> None:
     """benchmarks/bench_pair.py --rows A B: row A minus row B on the same tasks (here of one bench.json); a row the
     bench lacks is a one-line error (exit 2)."""

@@ -361,6 +361,79 @@ def test_sft_shortens_a_long_prompt_by_the_rule_inference_uses(annotated, tmp_pa
     assert summary["examples"] + summary["unfit_prompts"] + summary["dropped_examples"] == summary["transitions"]
 
 
+def test_prompt_budget_serves_the_trained_layout_and_writes_what_is_left(annotated, tmp_path: Path) -> None:
+    """With ``prompt_budget`` a served prompt is fitted to it (not to the context minus the longest answer,
+    ``max_new_tokens``), as SFT fitted it, and each row may write what its own prompt leaves of the context, up to
+    ``max_new_tokens``; without it (models trained before the field) the old rule holds. train-exp writes the budget:
+    the trained length minus the median target, at most the context minus the 0.99 quantile of the targets."""
+    from dreamgym.experience.protocol import Neighbour, build_messages
+    from dreamgym.experience.train import fit_examples, served_prompt_budget
+    from dreamgym.llm.base import Completion
+    from dreamgym.sft import encode_target
+
+    traj = next(tr for tr in annotated if len(tr.transitions) >= 4)
+    x = traj.transitions[3]
+    cfg = ProtocolConfig(k=1, history_window=3)
+    query = ExperienceQuery.at_step(traj, 3, [Neighbour(x.state, x.action, x.next_state, 0.0, False)])
+    target = step_target(traj, 3, x.info["reasoning"], cfg)
+    ex = SFTExample(build_messages(query, cfg), target)
+    _, tokenizer = fresh_tiny_model("micro", annotated, [ex], 512, seed=0)
+    n_prompt = len(encode_prompt(tokenizer, ex.prompt))
+
+    class Local:  # a local backend's surface: its context, its tokenizer and per-row generation
+        max_length = n_prompt + 40
+
+        def __init__(self) -> None:
+            self.asked: list[int] = []
+
+        def encode(self, prompt: object) -> list[int]:
+            return encode_prompt(tokenizer, prompt)  # type: ignore[arg-type]
+
+        def generate_rows(self, ids: list[list[int]], params: list[object]) -> list[Completion]:
+            self.asked += [p.max_new_tokens for p in params]  # type: ignore[attr-defined]
+            return [Completion(text=target, token_ids=[1], finish_reason="stop") for _ in ids]
+
+        def generate(self, prompts: list[object], params: object) -> list[Completion]:
+            self.asked += [params.max_new_tokens] * len(prompts)  # type: ignore[attr-defined]
+            return [Completion(text=target, token_ids=[1], finish_reason="stop") for _ in prompts]
+
+    old = ExperienceModel(Local(), ExperienceConfig.from_protocol(cfg, max_new_tokens=200))  # type: ignore[arg-type]
+    assert old.fit_context(query, old.prompt(query)) != old.prompt(query) and old.shortened_prompts == 1
+    new_llm = Local()
+    new = ExperienceModel(new_llm, ExperienceConfig.from_protocol(  # type: ignore[arg-type]
+        cfg, max_new_tokens=200, prompt_budget=n_prompt))
+    assert new.fit_context(query, new.prompt(query)) == new.prompt(query) and new.shortened_prompts == 0
+    [pred] = new.predict([query])
+    assert pred.failure is None and new_llm.asked == [40]  # the context left after the whole prompt
+    new.cfg = new.cfg.model_copy(update={"max_new_tokens": 30})
+    new.predict([query])
+    assert new_llm.asked == [40, 30]  # never more than max_new_tokens
+
+    # SFT fits each prompt to the served budget where that is less than its own target leaves: the same prompt.
+    roomy = n_prompt + len(encode_target(tokenizer, target)) + 5
+    assert fit_examples(tokenizer, [(query, ex)], cfg, True, roomy)[1]["shortened_prompts"] == 0
+    [fitted], counts = fit_examples(tokenizer, [(query, ex)], cfg, True, roomy, served_budget=n_prompt - 1)
+    assert counts["shortened_prompts"] == 1
+    short = ExperienceModel(Local(), ExperienceConfig.from_protocol(  # type: ignore[arg-type]
+        cfg, max_new_tokens=200, prompt_budget=n_prompt - 1))
+    assert short.fit_context(query, short.prompt(query)) == fitted.prompt  # served as trained
+
+    # the trained length minus the median target (+1: the end token), at most what leaves the 99th percentile room
+    assert served_prompt_budget(list(range(1, 101)), 768, 1024) == 768 - 52
+    assert served_prompt_budget([5] * 99 + [500], 1024, 1024) == 1024 - 6
+    assert served_prompt_budget([10] * 98 + [350] * 2, 1024, 1024) == 1024 - 351  # room for the long answers
+    assert served_prompt_budget([10] * 98 + [950] * 2, 1024, 1024) == 512  # but half the length stays the prompt's
+    write_jsonl(tmp_path / "train.jsonl", annotated)
+    sft = SFTConfig(max_steps=1, batch_size=4, max_length=700, num_threads=1, save_steps=100000)
+    summary = train_experience_model([tmp_path / "train.jsonl"], "micro", tmp_path / "m", ProtocolConfig(k=0), sft,
+                                     vocab_size=512)
+    saved = json.loads((tmp_path / "m" / "experience.json").read_text())
+    assert saved["prompt_budget"] == summary["prompt_budget"] and 1 < saved["prompt_budget"] < 700
+    train_experience_model([tmp_path / "train.jsonl"], "micro", tmp_path / "m0", ProtocolConfig(k=0), sft,
+                           vocab_size=512, reserve_prompt=False)  # the rule before: served as models trained then
+    assert json.loads((tmp_path / "m0" / "experience.json").read_text())["prompt_budget"] is None
+
+
 def test_mix_resamples_by_kind() -> None:
     examples = [SFTExample(f"p{i}", f"t{i}") for i in range(1000)]
     kinds = ["results", "done"] * 500

@@ -53,6 +53,11 @@ def test_keys_follow_the_fields_and_stages_each_stage_depends_on(tmp_path: Path)
     changed = stage_keys(micro(bc_final_repeat=12))
     assert {s for s in STAGES if changed[s]["hash"] != base[s]["hash"]} == moved
     assert changed["sft"]["inputs"]["bc_final_repeat"] == 12
+    # the prompt reserve (default on) is in every M_exp stage's key; off, as the committed benches ran, it is not
+    assert base["train_exp"]["inputs"]["exp_reserve_prompt"] is True
+    before = stage_keys(micro(exp_reserve_prompt=False))
+    assert "exp_reserve_prompt" not in before["train_exp"]["inputs"]
+    assert {s for s in STAGES if before[s]["hash"] != base[s]["hash"]} == set(downstream)
     changed = stage_keys(micro(seed=1))  # read by the first stage: every key changes
     assert all(changed[s]["hash"] != base[s]["hash"] for s in STAGES)
     data = tmp_path / "own.jsonl"

@@ -182,7 +182,7 @@ def train_exp(
     summary = train_experience_model(
         data, cfg.model, out, protocol_cfg, sft_cfg, buffer_dir=buffer, encoder=cfg.encoder, chat=cfg.chat,
         vocab_size=cfg.vocab_size, mixture=cfg.mixture, snapshot_every_s=cfg.snapshot_every_s, seed=cfg.seed,
-        reward_head=cfg.reward_head,
+        reward_head=cfg.reward_head, reserve_prompt=cfg.reserve_prompt,
     )
     print(json.dumps(summary))
 

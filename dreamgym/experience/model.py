@@ -38,7 +38,7 @@ from dreamgym.experience.protocol import (
     parse_output,
 )
 from dreamgym.experience.reward_head import RewardHead
-from dreamgym.llm.base import LLM, LLMConfig, Prompt, SamplingParams
+from dreamgym.llm.base import LLM, Completion, LLMConfig, Prompt, SamplingParams
 from dreamgym.llm.load import load_llm
 
 if TYPE_CHECKING:
@@ -56,6 +56,12 @@ class ExperienceConfig(BaseModel):
     protocol: dict[str, Any] = Field(default_factory=dict, description="ProtocolConfig fields")
     chat: bool = Field(default=True, description="prompt through the chat template (else the plain prompt text)")
     max_new_tokens: int = Field(default=384, ge=8)
+    prompt_budget: int | None = Field(
+        default=None, ge=1, description="tokens a served prompt is fitted to, as SFT fitted it: the length M_exp was "
+        "trained at minus its median target, at most the context minus the 0.99 quantile of its targets (the room to "
+        "answer), at least half the trained length; each row then writes up to min(max_new_tokens, context - its prompt). None: the context minus "
+        "max_new_tokens, the rule of models trained before 2026-12-06 (it made room for the longest answer ever "
+        "seen: on the shop 32% of the served prompts lost their neighbour, against 0.3% of the trained ones)")
     temperature: float = Field(default=0.0, ge=0, description="0 = greedy (the most likely next state)")
     top_p: float = Field(default=1.0, gt=0, le=1)
     max_resamples: int = Field(default=2, ge=0, description="resamples of a malformed output before the fallback")
@@ -199,7 +205,8 @@ class ExperienceModel:
         encode = getattr(self.llm, "encode", None)
         if limit is None or encode is None:
             return prompt
-        budget = limit - self.cfg.max_new_tokens
+        budget = (min(self.cfg.prompt_budget, limit - 1) if self.cfg.prompt_budget is not None
+                  else limit - self.cfg.max_new_tokens)
         if len(encode(prompt)) <= budget:
             return prompt
         shorter, _ = fit_prompt(query, self.protocol, self.cfg.chat, lambda p: len(encode(p)), budget)
@@ -240,7 +247,7 @@ class ExperienceModel:
             )
             if attempt:
                 self.resamples += len(pending)
-            completions = self.llm.generate([prompts[i] for i in pending], params)
+            completions = self._generate([prompts[i] for i in pending], params)
             still = []
             for i, c in zip(pending, completions, strict=True):
                 parsed = parse_output(c.text, self.protocol, length_limited=c.finish_reason == "length",
@@ -261,6 +268,20 @@ class ExperienceModel:
             results[i] = failure_prediction(queries[i].state, reasons[i])
             self.stats.add(ParseResult(None, reasons[i]))
         return self._head(queries, [r for r in results if r is not None])
+
+    def _generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Completion]:
+        """``llm.generate``; with ``prompt_budget`` on a local model each row writes at most what its own prompt
+        leaves of the context (row i seeded ``params.seed + i``, as in one ``generate`` call)."""
+        limit = getattr(self.llm, "max_length", None)
+        encode = getattr(self.llm, "encode", None)
+        rows = getattr(self.llm, "generate_rows", None)
+        if self.cfg.prompt_budget is None or limit is None or encode is None or rows is None:
+            return self.llm.generate(prompts, params)
+        ids = [encode(p) for p in prompts]
+        per_row = [dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, limit - len(x)),
+                                       seed=None if params.seed is None else params.seed + i)
+                   for i, x in enumerate(ids)]
+        return cast(list[Completion], rows(ids, per_row))
 
     def stats_dict(self) -> dict[str, Any]:
         out = {**self.stats.as_dict(), "resamples": self.resamples, "shortened_prompts": self.shortened_prompts}

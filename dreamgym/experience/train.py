@@ -151,9 +151,11 @@ def exp_pairs(
 
 def fit_examples(
     tokenizer: Any, pairs: Sequence[tuple[ExperienceQuery, SFTExample]], protocol_cfg: ProtocolConfig, chat: bool,
-    max_length: int,
+    max_length: int, served_budget: int | None = None,
 ) -> tuple[list[SFTExample], dict[str, int]]:
-    """The examples with each prompt fitted to ``max_length`` minus its target's tokens by
+    """The examples with each prompt fitted to ``max_length`` minus its target's tokens (to ``served_budget`` when
+    that is less and some layout fits it: the budget a served prompt gets, ``ExperienceConfig.prompt_budget``, so
+    that M_exp is served the layouts it was trained on) by
     :func:`~dreamgym.experience.protocol.fit_prompt`, the rule inference shortens prompts by (neighbours first,
     then history, oldest first, then state lines; never the system text or the TASK line), instead of SFT's cut
     from the left. Returns them and the counts: ``shortened_prompts`` (examples trained on a shortened prompt)
@@ -169,8 +171,14 @@ def fit_examples(
             if budget < 1:
                 cache[id(ex)] = (ex, False)
             else:
-                prompt, shortened = fit_prompt(query, protocol_cfg, chat,
-                                               lambda p: len(encode_prompt(tokenizer, p)), budget)
+                def count(p: Any) -> int:
+                    return len(encode_prompt(tokenizer, p))
+
+                prompt, shortened = None, True
+                if served_budget is not None and served_budget < budget:
+                    prompt, shortened = fit_prompt(query, protocol_cfg, chat, count, served_budget)
+                if prompt is None:  # no served budget, or no layout within it (served the failure state)
+                    prompt, shortened = fit_prompt(query, protocol_cfg, chat, count, budget)
                 cache[id(ex)] = (None if prompt is None else SFTExample(prompt, ex.target), shortened)
         fitted, shortened = cache[id(ex)]
         if fitted is None:
@@ -300,10 +308,20 @@ def load_pretrained(path: str) -> tuple[Any, Any]:
     return AutoModelForCausalLM.from_pretrained(path), tokenizer
 
 
-def target_token_limit(tokenizer: Any, examples: Sequence[SFTExample], margin: float = 1.25) -> int:
-    """``max_new_tokens`` for inference: the longest training target (in tokens) with a margin."""
-    longest = max(len(tokenizer(ex.target, add_special_tokens=False).input_ids) for ex in examples)
-    return max(16, math.ceil(longest * margin) + 1)
+def target_token_limit(lengths: Sequence[int], margin: float = 1.25) -> int:
+    """``max_new_tokens`` for inference: the longest training target (``lengths`` in tokens) with a margin."""
+    return max(16, math.ceil(max(lengths) * margin) + 1)
+
+
+def served_prompt_budget(lengths: Sequence[int], max_length: int, context: int, q: float = 0.99) -> int:
+    """``ExperienceConfig.prompt_budget`` for targets of ``lengths`` tokens (+1 each for the end token): the budget
+    SFT fits a median example's prompt to (``max_length`` minus its target), at most what leaves the ``q`` quantile
+    of the targets room to be written in the model's ``context``, and at least half of ``max_length`` (long answers,
+    as TextWorld's, do not take the prompt's half). Served prompts are fitted to it, and SFT fits none longer
+    (:func:`fit_examples`), so M_exp is served the layouts it was trained on while most answers fit."""
+    ordered = sorted(n + 1 for n in lengths)
+    median, high = ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+    return max(max_length // 2, min(max_length - median, context - high))
 
 
 # ------------------------------------------------------------------------------------------ training
@@ -333,6 +351,7 @@ def train_experience_model(
     snapshot_every_s: float | None = None,
     seed: int = 0,
     reward_head: bool = False,
+    reserve_prompt: bool = True,
 ) -> dict[str, Any]:
     """Train M_exp on annotated real trajectories; save model, tokenizer, ``experience.json``, ``summary.json``.
 
@@ -342,6 +361,9 @@ def train_experience_model(
     the neighbours. ``mixture`` resamples the examples by the page type of their next state (:func:`mix`).
     ``reward_head`` also fits :class:`~dreamgym.experience.reward_head.RewardHead` on the data's real endings and
     saves it beside the model (each snapshot too), with ``experience.json`` saying to use it.
+    ``reserve_prompt`` fits served prompts to ``prompt_budget`` (:func:`served_prompt_budget`, written to
+    ``experience.json``) and SFT's to no more than that; False: the rule before 2026-12-06 (SFT fits a prompt to
+    ``max_length`` minus its own target; serving, to the context minus ``max_new_tokens``).
     Returns the summary (examples, tokens, epochs, seconds, loss, and the snapshots taken).
     """
     from dreamgym.llm.tiny import tiny_shape
@@ -385,18 +407,23 @@ def train_experience_model(
         lm, tokenizer = load_pretrained(model)
     # The time budget covers every stage: what the buffer, the examples and the tokenizer took comes off the
     # training's share (at least a second, so a run always trains a step and saves a model).
+    context = getattr(lm.config, "max_position_embeddings", None) or sft_cfg.max_length
+    served = served_prompt_budget([len(tokenizer(ex.target, add_special_tokens=False).input_ids) for ex in examples],
+                           sft_cfg.max_length, context) if reserve_prompt else None
     examples, fitting = fit_examples(tokenizer, [(query_of[id(ex)], ex) for ex in examples], protocol_cfg, chat,
-                                     sft_cfg.max_length)
+                                     sft_cfg.max_length, served)
     if not examples:
         raise DataError(f"no training prompt fits max_length={sft_cfg.max_length} tokens, even shortened "
                         "(raise --max-length)")
     prep_s = time.monotonic() - t0
     sft_cfg = sft_cfg.after(prep_s)
     prompt_tokens = sum(len(encode_prompt(tokenizer, ex.prompt)) for ex in examples)
-    target_tokens = sum(len(tokenizer(ex.target, add_special_tokens=False).input_ids) for ex in examples)
+    lengths = [len(tokenizer(ex.target, add_special_tokens=False).input_ids) for ex in examples]
+    target_tokens = sum(lengths)
     envs = {t.task.env for t in trajs}
     exp_cfg = ExperienceConfig.from_protocol(protocol_cfg, chat=chat, env=envs.pop() if len(envs) == 1 else None,
-                                             max_new_tokens=target_token_limit(tokenizer, examples),
+                                             max_new_tokens=target_token_limit(lengths),
+                                             prompt_budget=served,
                                              reward_head=reward_head)
     head = RewardHead.fit(endings(trajs), seed=seed) if reward_head else None
     if head is not None:  # saved once, before the first snapshot copies the model dir's files
@@ -443,6 +470,7 @@ def train_experience_model(
         "encoder": encoder if protocol_cfg.k > 0 else None,
         "mixture": mixture,
         "max_new_tokens": exp_cfg.max_new_tokens,
+        "prompt_budget": exp_cfg.prompt_budget,
         "snapshots": snapshots,
         "data": [str(p) for p in data_paths],
         "reward_head": head.summary if head is not None else None,
@@ -467,6 +495,8 @@ class ExpTrainConfig(BaseModel):
     seed: int = 0
     reward_head: bool = Field(default=False, description="fit a reward head for the steps M_exp ends "
                               "(dreamgym.experience.reward_head)")
+    reserve_prompt: bool = Field(default=True, description="serve prompts fitted to the budget SFT fitted them to "
+                                 "(ExperienceConfig.prompt_budget); false: the rule before 2026-12-06")
 
     def protocol_config(self) -> ProtocolConfig:
         return ProtocolConfig(**self.protocol)
