@@ -197,10 +197,10 @@ class ExperienceModel:
         return build_messages(query, protocol) if self.cfg.chat else build_prompt_text(query, protocol)
 
     def fit_context(self, query: ExperienceQuery, prompt: Prompt) -> Prompt | None:
-        """``prompt``, or a shorter one when it and ``max_new_tokens`` exceed a local model's context (by
-        :func:`~dreamgym.experience.protocol.fit_prompt`, the rule SFT truncates by: neighbours first, then history,
-        oldest first, then state lines; counted in ``shortened_prompts``, logged). None if even that does not fit.
-        Remote backends check for themselves."""
+        """``prompt``, or a shorter one when it exceeds ``prompt_budget`` (the budget SFT fitted prompts to; without
+        one, a local model's context minus ``max_new_tokens``) by :func:`~dreamgym.experience.protocol.fit_prompt`, the
+        rule SFT truncates by: neighbours first, then history, oldest first, then state lines; counted in
+        ``shortened_prompts``, logged. None if even that does not fit. Remote backends check for themselves."""
         limit = getattr(self.llm, "max_length", None)
         encode = getattr(self.llm, "encode", None)
         if limit is None or encode is None:
@@ -214,8 +214,7 @@ class ExperienceModel:
             self.shortened_prompts += 1
             n = self.shortened_prompts
             if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th, ...: counted every time, logged without flooding
-                log.warning("experience model: prompt too long for the context (%d tokens); shortened (%d so far)",
-                            limit, n)
+                log.warning("experience model: prompt over its budget (%d tokens); shortened (%d so far)", budget, n)
         return shorter
 
     # ----------------------------------------------------------------------------------------- predict
