@@ -322,7 +322,7 @@ def test_refit_reward_head_adds_a_head_only_to_a_copy(tmp_path: Path) -> None:
 
 def test_serve_budget_pairs_the_two_servings_by_seed_and_refuses_an_untrained_seed(tmp_path: Path) -> None:
     """benchmarks/serve_budget.py: a seed dir without a trained M_exp is a one-line error (exit 2) that writes
-    nothing; its paired summary is each seed's ``budget - before`` with their mean."""
+    nothing (prompt_layouts.py's too); its paired summary is each seed's ``budget - before`` with their mean."""
     import importlib.util
 
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "serve_budget.py"
@@ -342,6 +342,10 @@ def test_serve_budget_pairs_the_two_servings_by_seed_and_refuses_an_untrained_se
     for r in rows:
         for side in r.values():
             side.update({k: side.get(k) for k in module.KEYS})
+    layouts = script.parent / "prompt_layouts.py"
+    bad = subprocess.run([sys.executable, str(layouts), str(tmp_path / "seed0"), "--budget", "512"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
     f1 = module.paired(rows)["next_state_f1"]
     assert f1["per_seed"] == [0.03, 0.01] and f1["mean"] == pytest.approx(0.02) and "done_accuracy" not in module.paired(rows)
 

@@ -1,0 +1,80 @@
+"""Which parts of M_exp's training prompts a token budget keeps: the whole prompt, its neighbours, its history, its state.
+
+    python benchmarks/prompt_layouts.py RUN/seed0 --budget 512 [--every 8] [--out FILE.json]
+
+For every ``--every``-th training example of a bench seed's M_exp (its offline data, protocol and neighbours from a
+fresh buffer of that data, as ``train-exp`` builds them), the layout :func:`~dreamgym.experience.protocol.fit_prompt`
+serves within ``--budget`` tokens (``shorter_layouts``: neighbours first, then history, then state lines), and the
+same under the rule before ``ExperienceConfig.prompt_budget``, where each example had ``max_length`` minus its own
+target. Counts: prompts kept whole, with a neighbour, with their whole history, with their whole state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("seed_dir", type=Path)
+    ap.add_argument("--budget", type=int, required=True, help="prompt tokens")
+    ap.add_argument("--every", type=int, default=8, help="every n-th training example")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    summary_file = args.seed_dir / "experience_model" / "summary.json"
+    if not summary_file.is_file() or args.budget < 1 or args.every < 1:
+        print(f"error: {args.seed_dir} holds no trained experience_model/, or --budget/--every < 1", file=sys.stderr)
+        return 2
+
+    from dreamgym.experience.protocol import ProtocolConfig, fit_prompt, truncate_lines
+    from dreamgym.experience.train import encode_prompt, exp_pairs, load_pretrained, read_training_data
+    from dreamgym.replay import ReplayBuffer
+    from dreamgym.replay.encoder import make_encoder
+    from dreamgym.sft import encode_target
+
+    summary = json.loads(summary_file.read_text())
+    protocol = ProtocolConfig(**summary["protocol"])
+    trajs = read_training_data(summary["data"])
+    with tempfile.TemporaryDirectory() as tmp:
+        buffer = ReplayBuffer.open(Path(tmp) / "buffer", make_encoder(summary.get("encoder") or "hashing"))
+        buffer.add_trajectories(trajs)
+        pairs = exp_pairs(trajs, protocol, buffer, chat=summary["chat"])[:: args.every]
+        buffer.close()
+    _, tokenizer = load_pretrained(str(args.seed_dir / "experience_model"))
+
+    def count(p: Any) -> int:
+        return len(encode_prompt(tokenizer, p))
+
+    def kept(budget_of: Any) -> dict[str, int]:
+        out = {"prompts": 0, "whole": 0, "with_neighbour": 0, "whole_history": 0, "whole_state": 0, "none_fits": 0}
+        for query, ex in pairs:
+            out["prompts"] += 1
+            prompt, _ = fit_prompt(query, protocol, summary["chat"], count, budget_of(ex))
+            if prompt is None:
+                out["none_fits"] += 1
+                continue
+            text = "\n".join(m["content"] for m in prompt) if isinstance(prompt, list) else prompt
+            out["whole"] += prompt == ex.prompt
+            out["with_neighbour"] += "SIMILAR" in text
+            start = max(0, len(query.history) - protocol.history_window) if protocol.history_window else len(query.history)
+            out["whole_history"] += all(f"#{i} " in text for i in range(start + 1, len(query.history) + 1))
+            out["whole_state"] += truncate_lines(query.state, protocol.max_state_chars) in text
+        return out
+
+    max_length = int(summary["sft"]["max_length"])
+    report = {"command": "python benchmarks/prompt_layouts.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "budget": args.budget, "at_budget": kept(lambda ex: args.budget),
+              "own_target_budget": kept(lambda ex: max_length - len(encode_target(tokenizer, ex.target)))}
+    print(json.dumps(report))
+    if args.out is not None:
+        args.out.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
