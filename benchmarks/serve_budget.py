@@ -31,8 +31,9 @@ KEYS = ("terminal_reward_accuracy", "terminal_reward_majority_baseline", "done_a
         "reward_accuracy", "invalid_output_rate", "next_state_f1", "click_consistency", "reward_consistency")
 
 
-def budget_of(seed_dir: Path, trained_cap: bool = True) -> tuple[int, int]:
-    """(prompt_budget, max_new_tokens) that ``train_experience_model`` writes today for this seed's M_exp; without
+def budget_of(seed_dir: Path, seed: int, trained_cap: bool = True) -> tuple[int, int]:
+    """(prompt_budget, max_new_tokens) that ``train_experience_model`` writes today for this seed's M_exp (``seed``:
+    the bench seed, which its mixture was drawn with); without
     ``trained_cap`` the budget is only the context minus the 0.99 quantile of the targets (the first form of the
     fix, which the dream copies of 2026-12-06 were served at)."""
     from dreamgym.experience.model import ExperienceConfig
@@ -43,6 +44,7 @@ def budget_of(seed_dir: Path, trained_cap: bool = True) -> tuple[int, int]:
         read_training_data,
         served_prompt_budget,
         step_kinds,
+        target_token_counts,
     )
     from dreamgym.replay import ReplayBuffer
 
@@ -59,9 +61,10 @@ def budget_of(seed_dir: Path, trained_cap: bool = True) -> tuple[int, int]:
         if buffer is not None:
             buffer.close()
     if summary.get("mixture"):
-        examples = mix(examples, step_kinds(trajs), summary["mixture"], int(summary["sft"]["seed"]))
+        examples = mix(examples, step_kinds(trajs), summary["mixture"], seed)
     lm, tokenizer = load_pretrained(str(seed_dir / "experience_model"))
-    lengths = [len(tokenizer(ex.target, add_special_tokens=False).input_ids) for ex in examples]
+    tokens_of = target_token_counts(tokenizer, examples)
+    lengths = [tokens_of[ex.target] for ex in examples]
     max_length = int(summary["sft"]["max_length"])
     context = getattr(lm.config, "max_position_embeddings", None) or max_length
     return served_prompt_budget(lengths, max_length if trained_cap else context, context), exp_cfg.max_new_tokens
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for d in args.seed_dirs:
         cfg = DemoConfig.model_validate(yaml.safe_load((d / "demo_config.yaml").read_text()))
-        budget, max_new = budget_of(d, trained_cap=not args.no_trained_cap)
+        budget, max_new = budget_of(d, cfg.seed, trained_cap=not args.no_trained_cap)
         row: dict[str, Any] = {"seed_dir": str(d), "seed": cfg.seed, "prompt_budget": budget, "max_new_tokens": max_new}
         if not args.no_score:
             raw, annotated = d / "val_heldout.jsonl", d / "val_heldout_annotated.jsonl"

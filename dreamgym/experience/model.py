@@ -59,9 +59,10 @@ class ExperienceConfig(BaseModel):
     prompt_budget: int | None = Field(
         default=None, ge=1, description="tokens a served prompt is fitted to, as SFT fitted it: the length M_exp was "
         "trained at minus its median target, at most the context minus the 0.99 quantile of its targets (the room to "
-        "answer), at least half the trained length; each row then writes up to min(max_new_tokens, context - its prompt). None: the context minus "
-        "max_new_tokens, the rule of models trained before 2026-12-06 (it made room for the longest answer ever "
-        "seen: on the shop 32% of the served prompts lost their neighbour, against 0.3% of the trained ones)")
+        "answer), at least half the trained length; each row then writes up to min(max_new_tokens, context - its "
+        "prompt). None: the context minus max_new_tokens, the rule of models trained before 2026-12-06 (it made room "
+        "for the longest answer ever seen: on the shop 32% of the served prompts lost their neighbour, against 2.4% "
+        "of the trained ones)")
     temperature: float = Field(default=0.0, ge=0, description="0 = greedy (the most likely next state)")
     top_p: float = Field(default=1.0, gt=0, le=1)
     max_resamples: int = Field(default=2, ge=0, description="resamples of a malformed output before the fallback")

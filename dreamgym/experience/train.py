@@ -162,6 +162,9 @@ def fit_examples(
     and ``unfit_prompts`` (examples left out because not even the shortest prompt fits; inference serves such a
     step the failure state). Examples whose target alone exceeds ``max_length`` are kept for SFT to drop and count.
     """
+    def count(p: Any) -> int:
+        return len(encode_prompt(tokenizer, p))
+
     cache: dict[int, tuple[SFTExample | None, bool]] = {}  # mix() repeats example objects: fit each once
     out: list[SFTExample] = []
     counts = {"shortened_prompts": 0, "unfit_prompts": 0}
@@ -171,9 +174,6 @@ def fit_examples(
             if budget < 1:
                 cache[id(ex)] = (ex, False)
             else:
-                def count(p: Any) -> int:
-                    return len(encode_prompt(tokenizer, p))
-
                 prompt, shortened = None, True
                 if served_budget is not None and served_budget < budget:
                     prompt, shortened = fit_prompt(query, protocol_cfg, chat, count, served_budget)
@@ -313,6 +313,11 @@ def target_token_limit(lengths: Sequence[int], margin: float = 1.25) -> int:
     return max(16, math.ceil(max(lengths) * margin) + 1)
 
 
+def target_token_counts(tokenizer: Any, examples: Sequence[SFTExample]) -> dict[str, int]:
+    """Each distinct target's length in tokens (no end token), tokenized once (``mix`` repeats examples)."""
+    return {t: len(tokenizer(t, add_special_tokens=False).input_ids) for t in {ex.target for ex in examples}}
+
+
 def served_prompt_budget(lengths: Sequence[int], max_length: int, context: int, q: float = 0.99) -> int:
     """``ExperienceConfig.prompt_budget`` for targets of ``lengths`` tokens (+1 each for the end token): the budget
     SFT fits a median example's prompt to (``max_length`` minus its target), at most what leaves the ``q`` quantile
@@ -407,9 +412,10 @@ def train_experience_model(
         lm, tokenizer = load_pretrained(model)
     # The time budget covers every stage: what the buffer, the examples and the tokenizer took comes off the
     # training's share (at least a second, so a run always trains a step and saves a model).
+    target_tokens_of = target_token_counts(tokenizer, examples)
     context = getattr(lm.config, "max_position_embeddings", None) or sft_cfg.max_length
-    served = served_prompt_budget([len(tokenizer(ex.target, add_special_tokens=False).input_ids) for ex in examples],
-                           sft_cfg.max_length, context) if reserve_prompt else None
+    served = (served_prompt_budget([target_tokens_of[ex.target] for ex in examples], sft_cfg.max_length, context)
+              if reserve_prompt else None)
     examples, fitting = fit_examples(tokenizer, [(query_of[id(ex)], ex) for ex in examples], protocol_cfg, chat,
                                      sft_cfg.max_length, served)
     if not examples:
@@ -418,7 +424,7 @@ def train_experience_model(
     prep_s = time.monotonic() - t0
     sft_cfg = sft_cfg.after(prep_s)
     prompt_tokens = sum(len(encode_prompt(tokenizer, ex.prompt)) for ex in examples)
-    lengths = [len(tokenizer(ex.target, add_special_tokens=False).input_ids) for ex in examples]
+    lengths = [target_tokens_of[ex.target] for ex in examples]  # the fitted examples keep their targets
     target_tokens = sum(lengths)
     envs = {t.task.env for t in trajs}
     exp_cfg = ExperienceConfig.from_protocol(protocol_cfg, chat=chat, env=envs.pop() if len(envs) == 1 else None,
