@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 import pytest
 
@@ -123,3 +124,84 @@ def test_the_experience_model_serves_expanded_states() -> None:
     assert bad.failure == "bad_ref" and bad.next_state == short.state  # served the failure state, counted
     assert model.stats.failures["bad_ref"] == 1
     assert "@3-7" in REFS.system_text()  # an instruct model is told the scheme
+
+
+def test_a_shortened_prompts_target_points_only_at_what_it_shows() -> None:
+    """layout_refs: a prompt that lost its neighbour is trained on a target that writes the neighbour's page out,
+    and a served output is expanded against the prompt as served, so '@n1:...' there is a counted bad_ref (a model
+    saved before layout_refs still expands it against the whole query, as it was trained)."""
+    from dreamgym.experience.protocol import retarget, shorter_layouts
+
+    search = query("[1] searchbox: search[your query]", "search[cotton sheets]", neighbour_next=RESULTS)
+    full = format_refs_target(RESULTS, search, REFS)
+    assert "@n1:1-" in full
+    [no_neighbour, *_] = shorter_layouts(search, REFS)
+    assert no_neighbour.k == 0
+    assert retarget(full, search, REFS, REFS) == full  # the same layout: unchanged
+    written = retarget(full, search, REFS, no_neighbour)
+    assert written is not None and "@n1" not in written and RESULTS.splitlines()[2] in written
+    assert parse_output(written, no_neighbour, query=search).prediction.next_state == RESULTS  # type: ignore[union-attr]
+    assert parse_output(full, no_neighbour, query=search).reason == "bad_ref"
+    old = REFS.model_copy(update={"layout_refs": False})
+    assert retarget(full, search, old, no_neighbour) == full  # the rule before: pointed into the whole query
+    assert ExperienceConfig(protocol={"copy_refs": True}).protocol_config().layout_refs is False  # saved models
+
+    class Tight:  # a local backend whose budget leaves no room for the neighbour
+        max_length = 10_000
+
+        def encode(self, prompt: object) -> list[int]:
+            return [0] * len(str(prompt))
+
+        def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Completion]:
+            return [Completion(text=full, token_ids=[], finish_reason="stop") for _ in prompts]
+
+    budget = len(str(ExperienceModel(Tight(), ExperienceConfig.from_protocol(no_neighbour)).prompt(search)))  # type: ignore[arg-type]
+    for cfg, served in ((REFS, None), (old, RESULTS)):
+        model = ExperienceModel(Tight(), ExperienceConfig.from_protocol(  # type: ignore[arg-type]
+            cfg, prompt_budget=budget, max_resamples=0))
+        [pred] = model.predict([search])
+        assert model.shortened_prompts == 1
+        assert (pred.next_state, pred.failure) == ((RESULTS, None) if served else (search.state, "bad_ref"))
+
+
+def format_refs_target(next_state: str, q: ExperienceQuery, cfg: ProtocolConfig) -> str:
+    from dreamgym.experience.protocol import format_target
+
+    return format_target(encode_refs(next_state, ref_context(q, cfg)), 0.0, False, False, None, cfg)
+
+
+def test_training_fits_each_prompt_with_the_target_its_layout_needs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """fit_examples takes the first layout whose prompt and re-encoded target both fit: a written-out target is longer,
+    so a budget that fits the short prompt with '@n1:1-' but not with the page written out shortens further."""
+    from dreamgym.experience.train import fit_examples
+    from dreamgym.sft import SFTExample, encode_target
+
+    class Chars:  # a tokenizer of one token per character (what encode_prompt / encode_target need)
+        eos_token_id = 0
+
+        def __call__(self, text: str, add_special_tokens: bool = False) -> SimpleNamespace:
+            return SimpleNamespace(input_ids=[ord(c) % 250 + 1 for c in text])
+
+    tok = Chars()
+    search = ExperienceQuery("find cotton sheets", [("[1] searchbox: search[your query]", "search[sheets]")],
+                             [Neighbour("s", "a", RESULTS, 0.0, False)], "[1] searchbox: search[your query]",
+                             "search[cotton sheets]")
+    cfg = REFS.model_copy(update={"history_window": 1, "system_prompt": ""})
+    from dreamgym.experience.protocol import build_prompt_text, prompt_layouts, retarget
+
+    full = format_refs_target(RESULTS, search, cfg)
+    ex = SFTExample(build_prompt_text(search, cfg), full)
+    layouts = list(prompt_layouts(search, cfg))
+    n = [len(build_prompt_text(search, c)) for c in layouts]
+    t = [len(encode_target(tok, retarget(full, search, cfg, c) or "")) for c in layouts]
+    assert t[1] > t[0] and n[1] < n[0]  # no neighbour: a shorter prompt, a longer target
+    assert t[2] == t[1] and n[2] < n[1]  # no history either: the same target
+    [fitted], counts = fit_examples(tok, [(search, ex)], cfg, False, n[0] + t[0])
+    assert fitted == ex and counts["shortened_prompts"] == 0
+    # room for the prompt without its neighbour beside the short target, not beside the written-out one
+    [fitted], counts = fit_examples(tok, [(search, ex)], cfg, False, n[1] + t[1] - 1)
+    assert fitted == SFTExample(build_prompt_text(search, layouts[2]), retarget(full, search, cfg, layouts[2]))
+    assert "@n1" not in fitted.target and counts == {"shortened_prompts": 1, "retargeted": 1, "unfit_prompts": 0}
+    # the served budget is met first, with the layout's own target
+    [fitted], counts = fit_examples(tok, [(search, ex)], cfg, False, n[0] + t[0], served_budget=n[0] - 1)
+    assert fitted == SFTExample(build_prompt_text(search, layouts[1]), retarget(full, search, cfg, layouts[1]))

@@ -322,7 +322,7 @@ def test_sft_shortens_a_long_prompt_by_the_rule_inference_uses(annotated, tmp_pa
     n_target = len(encode_target(tokenizer, ex.target))
     max_length = count(ex.prompt) + n_target - 1  # one token too many
     [fitted], counts = fit_examples(tokenizer, [(query, ex)], cfg, True, max_length)
-    assert counts == {"shortened_prompts": 1, "unfit_prompts": 0}
+    assert counts == {"shortened_prompts": 1, "retargeted": 0, "unfit_prompts": 0}
     system, user = fitted.prompt[0]["content"], fitted.prompt[1]["content"]
     assert system == cfg.system_text() and user.startswith(f"TASK: {traj.task.instruction}\nHISTORY:\n#1 ")
     assert "(1)" in user and "(2)" not in user  # the last neighbour went first

@@ -191,3 +191,28 @@ def test_gymnasium_make_passes_gymnasiums_checker(cache_dir: Path) -> None:
     from conftest import gym_check
 
     gym_check("textworld", num_train_games=3, num_test_games=2, cache_dir=str(cache_dir))
+
+
+def test_unnumbered_pages_keep_their_lines_so_copy_references_point_at_them(env: TextWorldEnv, cache_dir: Path) -> None:
+    """numbered=False: the same games and commands, each command ``[c]``; an action that adds a command renumbers
+    nothing, so the next state's copy-reference target is shorter than with positional ids, on the same steps."""
+    from dreamgym.envs.textworld.state import commands_in_state
+    from dreamgym.experience.protocol import ExperienceQuery, ProtocolConfig, step_target
+
+    plain = make("textworld", num_train_games=3, num_test_games=2, cache_dir=str(cache_dir), numbered=False)
+    refs = ProtocolConfig(k=0, reasoning=False, copy_refs=True)
+    lengths = {}
+    for name, e in (("numbered", env), ("plain", plain)):
+        traj = run_episode(e, e.scripted_policy("oracle", seed=0), e.tasks("train")[0])
+        assert traj.success
+        lengths[name] = sum(len(step_target(traj, t, None, refs, ExperienceQuery.at_step(traj, t)))
+                            for t in range(len(traj.transitions)))
+        states = [x.state for x in traj.transitions]
+        if name == "plain":
+            assert all("[c1]" not in s for s in states) and any("\n[c] command: " in s for s in states)
+            numbered_states = [x.state for x in run_episode(env, env.scripted_policy("oracle", seed=0),
+                                                           env.tasks("train")[0]).transitions]
+            assert [commands_in_state(s) for s in states] == [commands_in_state(s) for s in numbered_states]
+            assert plain.admissible_for_state(states[0]) == env.admissible_for_state(numbered_states[0])
+    assert lengths["plain"] < 0.9 * lengths["numbered"]
+    plain.close()

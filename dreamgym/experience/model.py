@@ -34,7 +34,7 @@ from dreamgym.experience.protocol import (
     build_messages,
     build_prompt_text,
     failure_prediction,
-    fit_prompt,
+    fit_layout,
     parse_output,
 )
 from dreamgym.experience.reward_head import RewardHead
@@ -75,7 +75,8 @@ class ExperienceConfig(BaseModel):
 
     def protocol_config(self) -> ProtocolConfig:
         # a model saved before the TARGET line existed was trained without it
-        return ProtocolConfig(**{"ground_action": False, **self.protocol})
+        # and one saved before session 18 pointed its copy references into the whole query (layout_refs)
+        return ProtocolConfig(**{"ground_action": False, "layout_refs": False, **self.protocol})
 
     @classmethod
     def from_protocol(cls, protocol: ProtocolConfig, **kwargs: Any) -> ExperienceConfig:
@@ -198,25 +199,31 @@ class ExperienceModel:
         return build_messages(query, protocol) if self.cfg.chat else build_prompt_text(query, protocol)
 
     def fit_context(self, query: ExperienceQuery, prompt: Prompt) -> Prompt | None:
-        """``prompt``, or a shorter one when it exceeds ``prompt_budget`` (the budget SFT fitted prompts to; without
-        one, a local model's context minus ``max_new_tokens``) by :func:`~dreamgym.experience.protocol.fit_prompt`, the
-        rule SFT truncates by: neighbours first, then history, oldest first, then state lines; counted in
-        ``shortened_prompts``, logged. None if even that does not fit. Remote backends check for themselves."""
+        """:meth:`fit_layout`'s prompt (None if not even the shortest layout fits)."""
+        fitted = self.fit_layout(query, prompt)
+        return None if fitted is None else fitted[1]
+
+    def fit_layout(self, query: ExperienceQuery, prompt: Prompt) -> tuple[ProtocolConfig, Prompt] | None:
+        """``prompt`` in the model's layout, or a shorter layout's when it exceeds ``prompt_budget`` (the budget SFT
+        fitted prompts to; without one, a local model's context minus ``max_new_tokens``) by
+        :func:`~dreamgym.experience.protocol.fit_layout`, the rule SFT truncates by: neighbours first, then
+        history, oldest first, then state lines; counted in ``shortened_prompts``, logged. None if even that does
+        not fit. Remote backends check for themselves. The layout is what the output's copy references point into."""
         limit = getattr(self.llm, "max_length", None)
         encode = getattr(self.llm, "encode", None)
         if limit is None or encode is None:
-            return prompt
+            return self.protocol, prompt
         budget = (min(self.cfg.prompt_budget, limit - 1) if self.cfg.prompt_budget is not None
                   else limit - self.cfg.max_new_tokens)
         if len(encode(prompt)) <= budget:
-            return prompt
-        shorter, _ = fit_prompt(query, self.protocol, self.cfg.chat, lambda p: len(encode(p)), budget)
-        if shorter is not None:
+            return self.protocol, prompt
+        fitted = fit_layout(query, self.protocol, self.cfg.chat, lambda p: len(encode(p)), budget)
+        if fitted is not None:
             self.shortened_prompts += 1
             n = self.shortened_prompts
             if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th, ...: counted every time, logged without flooding
                 log.warning("experience model: prompt over its budget (%d tokens); shortened (%d so far)", budget, n)
-        return shorter
+        return fitted
 
     # ----------------------------------------------------------------------------------------- predict
 
@@ -230,8 +237,10 @@ class ExperienceModel:
         if not queries:
             return []
         queries = self.with_neighbours(queries, exclude_traj)
-        fitted = [self.fit_context(q, self.prompt(q)) for q in queries]
-        prompts = [p if p is not None else "" for p in fitted]
+        fitted = [self.fit_layout(q, self.prompt(q)) for q in queries]
+        prompts = [f[1] if f is not None else "" for f in fitted]
+        # copy references point into the prompt as served (layout_refs), else into the whole query (older models)
+        layouts = [f[0] if f is not None and self.protocol.layout_refs else self.protocol for f in fitted]
         results: list[ExperiencePrediction | None] = [None] * len(queries)
         reasons: dict[int, str] = {i: "truncated" for i, p in enumerate(fitted) if p is None}  # cannot fit at all
         pending = [i for i, p in enumerate(fitted) if p is not None]
@@ -250,7 +259,7 @@ class ExperienceModel:
             completions = self._generate([prompts[i] for i in pending], params)
             still = []
             for i, c in zip(pending, completions, strict=True):
-                parsed = parse_output(c.text, self.protocol, length_limited=c.finish_reason == "length",
+                parsed = parse_output(c.text, layouts[i], length_limited=c.finish_reason == "length",
                                       query=queries[i])
                 if parsed.prediction is not None:
                     results[i] = self._check(queries[i], parsed.prediction)

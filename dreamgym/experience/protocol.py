@@ -177,6 +177,12 @@ class ProtocolConfig(BaseModel):
     # The target points at prompt text it repeats (@3-7, @T.1, ...) and the parser writes it in
     # (dreamgym.experience.copyrefs): a model that cannot yet copy only has to choose what to copy.
     copy_refs: bool = False
+    # A reference points only at text the prompt as served shows: when a prompt is shortened (a neighbour dropped,
+    # the state cut), its target is re-encoded against that layout (retarget) and the output is expanded against it.
+    # False, the rule of models trained before 2026-12-06 (session 18): targets pointed into the whole query, so a
+    # model whose prompt lost its exact neighbour was still taught to write '@n1:...', and the dream pasted in
+    # whatever its retrieved neighbour's page was.
+    layout_refs: bool = True
     # A neighbour recorded in the query's task with its state and action is headed "(i) same task, state and action",
     # and in training an example may retrieve another trajectory's copy of its own transition
     # (dreamgym.experience.train.exp_queries). The dream meets such exact neighbours on the steps of a real task that
@@ -348,28 +354,36 @@ def shorter_layouts(query: ExperienceQuery, cfg: ProtocolConfig) -> Iterator[Pro
         yield cfg.model_copy(update={"k": 0, "history_window": 0, "max_state_chars": chars})
 
 
+def prompt_layouts(query: ExperienceQuery, cfg: ProtocolConfig) -> Iterator[ProtocolConfig]:
+    """``cfg`` itself, then :func:`shorter_layouts`: every layout a prompt for ``query`` may be served in, in order."""
+    yield cfg
+    yield from shorter_layouts(query, cfg)
+
+
+def fit_layout(
+    query: ExperienceQuery, cfg: ProtocolConfig, chat: bool, count_tokens: Callable[[Any], int], budget: int
+) -> tuple[ProtocolConfig, str | list[dict[str, str]]] | None:
+    """The first of :func:`prompt_layouts` whose prompt for ``query`` (chat messages or plain text) is within
+    ``budget`` tokens, and that prompt; None when not even the shortest fits.
+
+    The one truncation rule of M_exp prompts: SFT (``budget`` = ``max_length`` minus the target's tokens, or
+    ``ExperienceConfig.prompt_budget``) and inference (the same budget) both go through it, so a model is trained
+    on the shortened prompts it is later served. The layout says what a copy reference may point at
+    (:func:`ref_context`, with ``cfg.layout_refs``).
+    """
+    for layout in prompt_layouts(query, cfg):
+        prompt = build_messages(query, layout) if chat else build_prompt_text(query, layout)
+        if count_tokens(prompt) <= budget:
+            return layout, prompt
+    return None
+
+
 def fit_prompt(
     query: ExperienceQuery, cfg: ProtocolConfig, chat: bool, count_tokens: Callable[[Any], int], budget: int
 ) -> tuple[str | list[dict[str, str]] | None, bool]:
-    """The prompt for ``query`` (chat messages or plain text) within ``budget`` tokens, and whether it had to be
-    shortened (by :func:`shorter_layouts`, the first that fits); None when not even the shortest fits.
-
-    The one truncation rule of M_exp prompts: SFT (``budget`` = ``max_length`` minus the target's tokens) and
-    inference (``budget`` = the context minus ``max_new_tokens``) both go through it, so a model is trained
-    on the shortened prompts it is later served.
-    """
-
-    def build(c: ProtocolConfig) -> str | list[dict[str, str]]:
-        return build_messages(query, c) if chat else build_prompt_text(query, c)
-
-    prompt = build(cfg)
-    if count_tokens(prompt) <= budget:
-        return prompt, False
-    for shorter in shorter_layouts(query, cfg):
-        prompt = build(shorter)
-        if count_tokens(prompt) <= budget:
-            return prompt, True
-    return None, True
+    """:func:`fit_layout`'s prompt (None when none fits) and whether it had to be shortened."""
+    fitted = fit_layout(query, cfg, chat, count_tokens, budget)
+    return (None, True) if fitted is None else (fitted[1], fitted[0] is not cfg)
 
 
 # ------------------------------------------------------------------------------------------ target
@@ -432,10 +446,19 @@ def terminated(t: Transition) -> bool:
 
 def ref_context(query: ExperienceQuery, cfg: ProtocolConfig) -> RefContext:
     """What a copy reference of ``query``'s target may point at: the STATE, TARGET and neighbour next states as
-    the prompt shows them (cut as :func:`build_user_text` cuts them)."""
+    the prompt in layout ``cfg`` shows them (cut as :func:`build_user_text` cuts them)."""
     target = action_target(query.state, query.action) if cfg.ground_action else None
     neighbours = tuple(truncate_lines(n.next_state, cfg.max_neighbour_chars) for n in query.retrieved[: cfg.k])
     return RefContext.of(truncate_lines(query.state, cfg.max_state_chars), target, neighbours)
+
+
+def _refs_target(next_state: str, reward: float, done: bool, success: bool, reasoning: str | None,
+                 cfg: ProtocolConfig, query: ExperienceQuery) -> str:
+    """:func:`format_target` with the next state and reasoning pointing at the text of ``query``'s prompt in
+    layout ``cfg`` (copy references)."""
+    ctx = ref_context(query, cfg)
+    reasoning = None if reasoning is None else encode_inline(reasoning.strip(), ctx)
+    return format_target(encode_refs(next_state.strip(), ctx), reward, done, success, reasoning, cfg)
 
 
 def step_target(traj: Trajectory, t: int, reasoning: str | None, cfg: ProtocolConfig,
@@ -446,14 +469,31 @@ def step_target(traj: Trajectory, t: int, reasoning: str | None, cfg: ProtocolCo
     x = traj.transitions[t]
     done = terminated(x)
     success = traj.success and done and t == len(traj.transitions) - 1
-    next_state = x.next_state
     if cfg.copy_refs:
         if query is None:
             raise ValueError("copy_refs targets point into the prompt: pass the step's query")
-        ctx = ref_context(query, cfg)
-        next_state = encode_refs(next_state.strip(), ctx)
-        reasoning = None if reasoning is None else encode_inline(reasoning.strip(), ctx)
-    return format_target(next_state, x.reward, done, success, reasoning, cfg)
+        return _refs_target(x.next_state, x.reward, done, success, reasoning, cfg, query)
+    return format_target(x.next_state, x.reward, done, success, reasoning, cfg)
+
+
+def same_refs(a: ProtocolConfig, b: ProtocolConfig) -> bool:
+    """Whether copy references mean the same in layouts ``a`` and ``b`` of one query (:func:`ref_context`'s inputs)."""
+    return (a.k, a.max_state_chars, a.max_neighbour_chars, a.ground_action) == (
+        b.k, b.max_state_chars, b.max_neighbour_chars, b.ground_action)
+
+
+def retarget(target: str, query: ExperienceQuery, cfg: ProtocolConfig, layout: ProtocolConfig) -> str | None:
+    """``target``, written against ``query``'s prompt in layout ``cfg``, with its copy references pointing into
+    the shorter ``layout`` instead (:func:`shorter_layouts`): a line of a dropped neighbour or of a cut-off state
+    line is written out. Unchanged without ``cfg.copy_refs`` or ``cfg.layout_refs``, or where the references
+    mean the same in both; None if ``target`` does not parse against ``cfg`` (a caller bug)."""
+    if not (cfg.copy_refs and cfg.layout_refs) or same_refs(cfg, layout):
+        return target
+    parsed = parse_output(target, cfg, query=query)
+    p = parsed.prediction
+    if p is None:
+        return None
+    return _refs_target(p.next_state, p.reward, p.done, p.success, p.reasoning, layout, query)
 
 
 def target_spans(

@@ -41,7 +41,8 @@ from dreamgym.experience.protocol import (
     ProtocolConfig,
     build_messages,
     build_prompt_text,
-    fit_prompt,
+    prompt_layouts,
+    retarget,
     step_target,
 )
 from dreamgym.experience.reward_head import HEAD_FILE, RewardHead, endings
@@ -155,40 +156,55 @@ def fit_examples(
 ) -> tuple[list[SFTExample], dict[str, int]]:
     """The examples with each prompt fitted to ``max_length`` minus its target's tokens (to ``served_budget`` when
     that is less and some layout fits it: the budget a served prompt gets, ``ExperienceConfig.prompt_budget``, so
-    that M_exp is served the layouts it was trained on) by
-    :func:`~dreamgym.experience.protocol.fit_prompt`, the rule inference shortens prompts by (neighbours first,
-    then history, oldest first, then state lines; never the system text or the TASK line), instead of SFT's cut
-    from the left. Returns them and the counts: ``shortened_prompts`` (examples trained on a shortened prompt)
-    and ``unfit_prompts`` (examples left out because not even the shortest prompt fits; inference serves such a
-    step the failure state). Examples whose target alone exceeds ``max_length`` are kept for SFT to drop and count.
+    that M_exp is served the layouts it was trained on) by the rule inference shortens prompts by
+    (:func:`~dreamgym.experience.protocol.prompt_layouts`: neighbours first, then history, oldest first, then state
+    lines; never the system text or the TASK line), instead of SFT's cut from the left. With ``copy_refs`` and
+    ``layout_refs`` a shortened prompt's target points only at what that prompt shows
+    (:func:`~dreamgym.experience.protocol.retarget`), so its length depends on the layout: the first layout whose
+    prompt and target fit is taken. Returns the examples and the counts: ``shortened_prompts`` (examples trained
+    on a shortened prompt), ``retargeted`` (of these, targets that write out what a reference pointed at) and
+    ``unfit_prompts`` (examples left out because not even the shortest prompt fits; inference serves such a step
+    the failure state). Examples whose target alone exceeds ``max_length`` are kept for SFT to drop and count.
     """
     def count(p: Any) -> int:
         return len(encode_prompt(tokenizer, p))
 
-    cache: dict[int, tuple[SFTExample | None, bool]] = {}  # mix() repeats example objects: fit each once
+    def fit(query: ExperienceQuery, ex: SFTExample) -> tuple[SFTExample | None, bool, bool]:
+        if prompt_budget(tokenizer, ex.target, max_length) < 1:
+            return ex, False, False
+        candidates = []  # (layout, prompt tokens, target, its budget), in prompt_layouts' order
+        for layout in prompt_layouts(query, protocol_cfg):
+            prompt = build_messages(query, layout) if chat else build_prompt_text(query, layout)
+            target = retarget(ex.target, query, protocol_cfg, layout)
+            if target is None:
+                raise DataError(f"M_exp target does not parse against its own prompt: {ex.target[:80]!r}")
+            n = count(prompt)
+            budget = prompt_budget(tokenizer, target, max_length)
+            if n <= budget and (served_budget is None or n <= served_budget):
+                return SFTExample(prompt, target), layout is not protocol_cfg, target != ex.target
+            candidates.append((layout, n, prompt, target, budget))
+        for layout, n, prompt, target, budget in candidates:  # no layout within the served budget: the old one
+            if n <= budget:
+                return SFTExample(prompt, target), layout is not protocol_cfg, target != ex.target
+        return None, True, False
+
+    cache: dict[int, tuple[SFTExample | None, bool, bool]] = {}  # mix() repeats example objects: fit each once
     out: list[SFTExample] = []
-    counts = {"shortened_prompts": 0, "unfit_prompts": 0}
+    counts = {"shortened_prompts": 0, "retargeted": 0, "unfit_prompts": 0}
     for query, ex in pairs:
         if id(ex) not in cache:
-            budget = prompt_budget(tokenizer, ex.target, max_length)
-            if budget < 1:
-                cache[id(ex)] = (ex, False)
-            else:
-                prompt, shortened = None, True
-                if served_budget is not None and served_budget < budget:
-                    prompt, shortened = fit_prompt(query, protocol_cfg, chat, count, served_budget)
-                if prompt is None:  # no served budget, or no layout within it (served the failure state)
-                    prompt, shortened = fit_prompt(query, protocol_cfg, chat, count, budget)
-                cache[id(ex)] = (None if prompt is None else SFTExample(prompt, ex.target), shortened)
-        fitted, shortened = cache[id(ex)]
+            cache[id(ex)] = fit(query, ex)
+        fitted, shortened, retargeted = cache[id(ex)]
         if fitted is None:
             counts["unfit_prompts"] += 1
             continue
         counts["shortened_prompts"] += shortened
+        counts["retargeted"] += retargeted
         out.append(fitted)
     if counts["shortened_prompts"] or counts["unfit_prompts"]:
-        log.warning("M_exp SFT: %d of %d prompts shortened to fit max_length=%d, %d left out (too long even "
-                    "shortened)", counts["shortened_prompts"], len(pairs), max_length, counts["unfit_prompts"])
+        log.warning("M_exp SFT: %d of %d prompts shortened to fit max_length=%d (%d targets written out further), %d "
+                    "left out (too long even shortened)", counts["shortened_prompts"], len(pairs), max_length,
+                    counts["retargeted"], counts["unfit_prompts"])
     return out, counts
 
 
@@ -459,6 +475,7 @@ def train_experience_model(
         "examples": last["examples"],
         "dropped_examples": last["dropped_examples"],
         "shortened_prompts": fitting["shortened_prompts"],
+        "retargeted": fitting["retargeted"],
         "unfit_prompts": fitting["unfit_prompts"],
         "cut_prompts": last["cut_prompts"],
         "prompt_tokens": prompt_tokens,

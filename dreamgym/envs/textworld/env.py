@@ -59,6 +59,7 @@ class TextWorldEnv(TextEnv):
         max_text: int = 300,
         num_val_games: int = 10,
         val_seed_offset: int | None = None,
+        numbered: bool = True,
     ) -> None:
         super().__init__(max_steps=max_steps)
         if min(num_train_games, num_test_games, num_val_games, max_steps, max_commands, max_text) < 1:
@@ -71,7 +72,7 @@ class TextWorldEnv(TextEnv):
         self.game = game
         self.challenge, self.settings = challenge, dict(settings or {})
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-        self.max_commands, self.max_text = max_commands, max_text
+        self.max_commands, self.max_text, self.numbered = max_commands, max_text, numbered
         self._tasks: dict[str, list[Task]] = {}
         self._game_env: Any = None  # textworld.core.Environment of the current game
         self._game_file: Path | None = None
@@ -169,7 +170,7 @@ class TextWorldEnv(TextEnv):
         self._admissible = set(admissible)
         location = room_name(state["description"] or "")
         commands = shown_commands(admissible, self.max_commands)
-        obs = abstract_state(location, feedback, state["inventory"] or "", commands, self.max_text)
+        obs = abstract_state(location, feedback, state["inventory"] or "", commands, self.max_text, self.numbered)
         info = self._info(invalid=False)
         info["admissible_actions"] = [] if done else commands_in_state(obs)
         info["reward"], info["score"] = reward, float(state["score"]) / max(1, int(state["max_score"]))

@@ -15,6 +15,10 @@ Format (one element per line after a header)::
 * ``command`` elements are the admissible commands, capped at ``max_commands``: when there are more, the
   ``examine X`` commands (information only) are dropped first, then the list is cut in TextWorld's own
   (alphabetical) order. ``look`` and ``inventory`` are always dropped — the state already shows both.
+* ``numbered=False`` gives every command the id ``c`` and every carried item ``i`` (a command is named by its text,
+  not its id). With positional ids an action that adds one command renumbers every later one, so the next state
+  shares almost no line with the state, and M_exp's copy references (``ProtocolConfig.copy_refs``) point at whole
+  lines: on a 960-episode seed its targets' median fell from 452 to 325 tokens.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from dreamgym.envs.base import Element, format_elements, truncate
 ROOM_TITLE_RE = re.compile(r"-=\s*(.*?)\s*=-")
 BANNER_CHARS = set("_|$\\/<> \t")
 PROMPT_RE = re.compile(r"\s*>\s*(-?\d+/\d+)?\s*$")  # the interpreter's trailing "> score/moves" prompt
-COMMAND_RE = re.compile(r"^\[c\d+\] command: (.+)$", re.MULTILINE)
+COMMAND_RE = re.compile(r"^\[c\d*\] command: (.+)$", re.MULTILINE)  # numbered or not
 REDUNDANT_COMMANDS = {"look", "inventory"}
 
 
@@ -64,11 +68,17 @@ def shown_commands(admissible: Sequence[str], max_commands: int) -> list[str]:
     return commands
 
 
-def abstract_state(location: str | None, feedback: str, inventory: str, commands: Sequence[str], max_text: int) -> str:
+def abstract_state(location: str | None, feedback: str, inventory: str, commands: Sequence[str], max_text: int,
+                   numbered: bool = True) -> str:
     """Render the abstract state (see the module docstring)."""
+
+    def ids(prefix: str, n: int) -> list[str]:
+        return [f"{prefix}{k}" for k in range(1, n + 1)] if numbered else [prefix] * n
+
+    items = inventory_items(inventory)
     elements = [Element("f", "feedback", clean_text(feedback, max_text) or "(nothing happens)")]
-    elements += [Element(f"i{k}", "carrying", item) for k, item in enumerate(inventory_items(inventory), 1)]
-    elements += [Element(f"c{k}", "command", cmd) for k, cmd in enumerate(commands, 1)]
+    elements += [Element(i, "carrying", item) for i, item in zip(ids("i", len(items)), items, strict=True)]
+    elements += [Element(i, "command", cmd) for i, cmd in zip(ids("c", len(commands)), commands, strict=True)]
     return format_elements(elements, header=f"location: {location or 'unknown'}")
 
 
