@@ -358,6 +358,10 @@ def test_sft_shortens_a_long_prompt_by_the_rule_inference_uses(annotated, tmp_pa
     summary = train_experience_model([tmp_path / "train.jsonl"], "micro", tmp_path / "m",
                                      ProtocolConfig(k=1, history_window=3, reasoning=False), sft, vocab_size=512)
     assert summary["shortened_prompts"] > 0 and summary["cut_prompts"] == 0
+    # with copy references, a shortened prompt's target writes out what it can no longer point at
+    refs = train_experience_model([tmp_path / "train.jsonl"], "micro", tmp_path / "r", ProtocolConfig(
+        k=1, history_window=3, reasoning=False, copy_refs=True, max_state_chars=400), sft, vocab_size=512)
+    assert refs["retargeted"] > 0 and refs["cut_prompts"] == 0
     assert summary["examples"] + summary["unfit_prompts"] + summary["dropped_examples"] == summary["transitions"]
 
 

@@ -440,7 +440,9 @@ def train_experience_model(
     prep_s = time.monotonic() - t0
     sft_cfg = sft_cfg.after(prep_s)
     prompt_tokens = sum(len(encode_prompt(tokenizer, ex.prompt)) for ex in examples)
-    lengths = [target_tokens_of[ex.target] for ex in examples]  # the fitted examples keep their targets
+    # a shortened prompt's target may be written out further (layout_refs): count those too
+    target_tokens_of.update(target_token_counts(tokenizer, [ex for ex in examples if ex.target not in target_tokens_of]))
+    lengths = [target_tokens_of[ex.target] for ex in examples]
     target_tokens = sum(lengths)
     envs = {t.task.env for t in trajs}
     exp_cfg = ExperienceConfig.from_protocol(protocol_cfg, chat=chat, env=envs.pop() if len(envs) == 1 else None,
