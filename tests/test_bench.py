@@ -346,6 +346,10 @@ def test_serve_budget_pairs_the_two_servings_by_seed_and_refuses_an_untrained_se
     bad = subprocess.run([sys.executable, str(layouts), str(tmp_path / "seed0"), "--budget", "512"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+    bad = subprocess.run([sys.executable, str(script.parent / "exp_val.py"), str(tmp_path / "seed0"), "--out",
+                          str(tmp_path / "v.json")], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+    assert "holds no trained experience_model" in bad.stderr and not (tmp_path / "v.json").exists()
     f1 = module.paired(rows)["next_state_f1"]
     assert f1["per_seed"] == [0.03, 0.01] and f1["mean"] == pytest.approx(0.02) and "done_accuracy" not in module.paired(rows)
 
