@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serve_budget import KEYS, score  # noqa: E402
+from serve_budget import KEYS, score
 
 
 def main(argv: list[str] | None = None) -> int:

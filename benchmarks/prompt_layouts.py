@@ -6,7 +6,9 @@ For every ``--every``-th training example of a bench seed's M_exp (its offline d
 fresh buffer of that data, as ``train-exp`` builds them), the layout :func:`~dreamgym.experience.protocol.fit_prompt`
 serves within ``--budget`` tokens (``shorter_layouts``: neighbours first, then history, then state lines), and the
 same under the rule before ``ExperienceConfig.prompt_budget``, where each example had ``max_length`` minus its own
-target. Counts: prompts kept whole, with a neighbour, with their whole history, with their whole state.
+target. Counts: prompts kept whole, with a neighbour, with their whole history, with their whole state, and targets
+with copy references (``copy_refs``) to text the fitted prompt lacks (``refs_to_dropped_text``; of these, to the
+dropped neighbour: ``refs_to_dropped_neighbour``), which SFT taught before ``ProtocolConfig.layout_refs``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.seed_dir} holds no trained experience_model/, or --budget/--every < 1", file=sys.stderr)
         return 2
 
-    from dreamgym.experience.protocol import ProtocolConfig, fit_prompt, truncate_lines
+    from dreamgym.experience.protocol import ProtocolConfig, fit_layout, retarget, truncate_lines
     from dreamgym.experience.train import encode_prompt, exp_pairs, load_pretrained, read_training_data
     from dreamgym.replay import ReplayBuffer
     from dreamgym.replay.encoder import make_encoder
@@ -39,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
     summary = json.loads(summary_file.read_text())
     protocol = ProtocolConfig(**summary["protocol"])
+    refs = protocol.model_copy(update={"layout_refs": True})  # exp_pairs' targets point into the whole query
     trajs = read_training_data(summary["data"])
     with tempfile.TemporaryDirectory() as tmp:
         buffer = ReplayBuffer.open(Path(tmp) / "buffer", make_encoder(summary.get("encoder") or "hashing"))
@@ -51,13 +54,20 @@ def main(argv: list[str] | None = None) -> int:
         return len(encode_prompt(tokenizer, p))
 
     def kept(budget_of: Any) -> dict[str, int]:
-        out = {"prompts": 0, "whole": 0, "with_neighbour": 0, "whole_history": 0, "whole_state": 0, "none_fits": 0}
+        out = {"prompts": 0, "whole": 0, "with_neighbour": 0, "whole_history": 0, "whole_state": 0, "none_fits": 0,
+               "refs_to_dropped_text": 0, "refs_to_dropped_neighbour": 0}
         for query, ex in pairs:
             out["prompts"] += 1
-            prompt, _ = fit_prompt(query, protocol, summary["chat"], count, budget_of(ex))
-            if prompt is None:
+            fitted = fit_layout(query, protocol, summary["chat"], count, budget_of(ex))
+            if fitted is None:
                 out["none_fits"] += 1
                 continue
+            layout, prompt = fitted
+            # copy references of the target as encoded against the whole query, to text this layout lacks
+            # (what SFT taught before ProtocolConfig.layout_refs)
+            written = retarget(ex.target, query, refs, layout)
+            out["refs_to_dropped_text"] += written != ex.target
+            out["refs_to_dropped_neighbour"] += "@n1:" in ex.target and "@n1:" not in (written or "")
             text = "\n".join(m["content"] for m in prompt) if isinstance(prompt, list) else prompt
             out["whole"] += prompt == ex.prompt
             out["with_neighbour"] += "SIMILAR" in text
