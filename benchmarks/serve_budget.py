@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 KEYS = ("terminal_reward_accuracy", "terminal_reward_majority_baseline", "done_accuracy", "done_majority_baseline",
+        "reward_majority_baseline",
         "reward_accuracy", "invalid_output_rate", "next_state_f1", "click_consistency", "reward_consistency")
 
 
