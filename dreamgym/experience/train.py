@@ -172,20 +172,26 @@ def fit_examples(
     def fit(query: ExperienceQuery, ex: SFTExample) -> tuple[SFTExample | None, bool, bool]:
         if prompt_budget(tokenizer, ex.target, max_length) < 1:
             return ex, False, False
-        candidates = []  # (layout, prompt tokens, target, its budget), in prompt_layouts' order
-        for layout in prompt_layouts(query, protocol_cfg):
-            prompt = build_messages(query, layout) if chat else build_prompt_text(query, layout)
+        def target_of(layout: ProtocolConfig) -> tuple[str, int]:  # the layout's target and the prompt room it leaves
             target = retarget(ex.target, query, protocol_cfg, layout)
             if target is None:
                 raise DataError(f"M_exp target does not parse against its own prompt: {ex.target[:80]!r}")
+            return target, prompt_budget(tokenizer, target, max_length)
+
+        candidates = []  # (layout, prompt, its tokens), in prompt_layouts' order
+        for layout in prompt_layouts(query, protocol_cfg):
+            prompt = build_messages(query, layout) if chat else build_prompt_text(query, layout)
             n = count(prompt)
-            budget = prompt_budget(tokenizer, target, max_length)
-            if n <= budget and (served_budget is None or n <= served_budget):
-                return SFTExample(prompt, target), layout is not protocol_cfg, target != ex.target
-            candidates.append((layout, n, prompt, target, budget))
-        for layout, n, prompt, target, budget in candidates:  # no layout within the served budget: the old one
-            if n <= budget:
-                return SFTExample(prompt, target), layout is not protocol_cfg, target != ex.target
+            candidates.append((layout, prompt, n))
+            if served_budget is None or n <= served_budget:  # a target is re-encoded only for a prompt that fits
+                target, budget = target_of(layout)
+                if n <= budget:
+                    return SFTExample(prompt, target), layout is not protocol_cfg, target != ex.target
+        if served_budget is not None:  # no layout within the served budget: the example's own budget
+            for layout, prompt, n in candidates:
+                target, budget = target_of(layout)
+                if n <= budget:
+                    return SFTExample(prompt, target), layout is not protocol_cfg, target != ex.target
         return None, True, False
 
     cache: dict[int, tuple[SFTExample | None, bool, bool]] = {}  # mix() repeats example objects: fit each once
