@@ -53,10 +53,9 @@ def failures(trajs: list[Any], run: Path, show: int = 0) -> dict[str, Any]:
     model = ExperienceModel.load(summary["snapshots"][-1]["dir"], buffer=buffer)
     queries = model.with_neighbours([ExperienceQuery.at_step(tr, t) for tr in trajs for t in range(len(tr.transitions))],
                                     None)
-    fitted = [model.fit_layout(q, model.prompt(q)) for q in queries]
+    fitted = model.served(queries)
     prompts = [f[1] if f is not None else "" for f in fitted]
-    # references point into the layout served (layout_refs), else into the whole query (models trained before)
-    layouts = [f[0] if f is not None and model.protocol.layout_refs else model.protocol for f in fitted]
+    layouts = [f[0] if f is not None else model.protocol for f in fitted]
     params = SamplingParams(max_new_tokens=model.cfg.max_new_tokens, temperature=0.0, top_p=1.0, seed=0)
     by_reason: Counter[str] = Counter()
     by_page: dict[str, Counter[str]] = {}  # by the page type of the real next state

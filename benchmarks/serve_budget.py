@@ -84,6 +84,7 @@ def score(seed_dir: Path, cfg: Any, heldout: list[Any], budget: int | None) -> d
     model.cfg = model.cfg.model_copy(update={"prompt_budget": budget})
     report = evaluate_experience_model(model, heldout, seed=cfg.seed)
     out = {k: report.get(k) for k in KEYS}
+    out["next_state_copy_baseline_f1"] = report["next_state_copy_baseline"]["f1"]  # the page left as it was
     out["shortened_prompts"] = model.shortened_prompts
     out["transitions"] = report["transitions"]
     out["seconds"] = report["seconds"]

@@ -374,3 +374,28 @@ def test_bench_pair_compares_two_rows_of_one_bench_task_by_task(tmp_path: Path) 
     bad = subprocess.run([sys.executable, str(script), str(bench), str(bench), "--rows", "dreamgym", "ppo_real"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+
+
+def test_dream_signal_counts_the_groups_grpo_cannot_learn_from(tmp_path: Path) -> None:
+    """benchmarks/dream_signal.py: per RL iteration, the groups whose rewards did not vary (zero advantages under
+    GRPO), with the run's wm2real; a dir without metrics.jsonl, or a line that is not JSON, is a one-line error."""
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "dream_signal.py"
+    run = tmp_path / "dreamgym"
+    run.mkdir()
+    lines = [{"iteration": 1, "success": 1.0, "task_variances": [0.0, 0.0, 0.109375], "grad_norm": 0.0},
+             {"iteration": 2, "success": 0.5, "task_variances": [0.25, 0.0], "grad_norm": 0.4},
+             {"iteration": 2, "eval_success": 0.2}]  # an evaluation line: not an RL iteration
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    (run / "summary.json").write_text(json.dumps({"wm2real": {"episodes": 4, "invalid_in_real": 3}}))
+    out = tmp_path / "signal.json"
+    done = subprocess.run([sys.executable, str(script), str(run), "--out", str(out)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())["runs"][0]
+    assert (report["groups"], report["zero_variance_groups"], report["zero_variance_share"]) == (5, 3, 0.6)
+    assert [r["zero_variance_groups"] for r in report["iterations"]] == [2, 1] and report["mean_success"] == 0.75
+    assert report["wm2real"]["invalid_in_real"] == 3 and "3 of 4 replayed" in done.stdout
+    (run / "metrics.jsonl").write_text("{not json\n")
+    for bad_run in (run, tmp_path / "missing"):
+        bad = subprocess.run([sys.executable, str(script), str(bad_run)], capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr

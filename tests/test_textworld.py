@@ -201,18 +201,48 @@ def test_unnumbered_pages_keep_their_lines_so_copy_references_point_at_them(env:
 
     plain = make("textworld", num_train_games=3, num_test_games=2, cache_dir=str(cache_dir), numbered=False)
     refs = ProtocolConfig(k=0, reasoning=False, copy_refs=True)
-    lengths = {}
+    lengths, states = {}, {}
     for name, e in (("numbered", env), ("plain", plain)):
         traj = run_episode(e, e.scripted_policy("oracle", seed=0), e.tasks("train")[0])
         assert traj.success
         lengths[name] = sum(len(step_target(traj, t, None, refs, ExperienceQuery.at_step(traj, t)))
                             for t in range(len(traj.transitions)))
-        states = [x.state for x in traj.transitions]
-        if name == "plain":
-            assert all("[c1]" not in s for s in states) and any("\n[c] command: " in s for s in states)
-            numbered_states = [x.state for x in run_episode(env, env.scripted_policy("oracle", seed=0),
-                                                           env.tasks("train")[0]).transitions]
-            assert [commands_in_state(s) for s in states] == [commands_in_state(s) for s in numbered_states]
-            assert plain.admissible_for_state(states[0]) == env.admissible_for_state(numbered_states[0])
+        states[name] = [x.state for x in traj.transitions]
+    assert all("[c1]" not in s for s in states["plain"]) and any("\n[c] command: " in s for s in states["plain"])
+    assert [commands_in_state(s) for s in states["plain"]] == [commands_in_state(s) for s in states["numbered"]]
+    assert plain.admissible_for_state(states["plain"][0]) == env.admissible_for_state(states["numbered"][0])
     assert lengths["plain"] < 0.9 * lengths["numbered"]
     plain.close()
+
+
+def test_prepare_probes_record_what_the_real_game_answers(cache_dir: Path) -> None:
+    """benchmarks/prepare_probe.py: on two-ingredient games the real game refuses `prepare meal` before the oracle
+    would prepare (early) and after another item is taken in place of the last ingredient (wrong: as many items
+    carried as when ready), and prepares when the oracle does (ready); a non-TextWorld run is a one-line error."""
+    import importlib.util
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "prepare_probe.py"
+    spec = importlib.util.spec_from_file_location("prepare_probe", script)
+    assert spec is not None and spec.loader is not None
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    cfg = SimpleNamespace(env="textworld", max_steps=20, env_kwargs={
+        "settings": {"go": 1, "recipe": 2, "take": 2}, "num_train_games": 1, "num_test_games": 1, "num_val_games": 2,
+        "cache_dir": str(cache_dir / "probe")})
+    found = probe.probes(cfg, 2)
+    kinds = [(k, real) for _, k, real in found]
+    assert kinds.count(("ready", "meal")) == 2 and ("early", "miss") in kinds and ("wrong", "miss") in kinds
+    assert {real for _, real in kinds} == {"miss", "meal"}
+    carried = {k: q.state.count("carrying: ") for q, k, _ in found}
+    assert carried["wrong"] == carried["ready"] == 2 and carried["early"] == 1
+    assert all(q.action == "prepare meal" and q.history for q, _, _ in found)
+    assert probe.answer("[f] feedback: You still miss something.") == "miss" and probe.answer("location: x") == "other"
+    run = cache_dir / "shop_run"
+    (run / "experience_model").mkdir(parents=True)
+    (run / "experience_model" / "experience.json").write_text("{}")
+    (run / "demo_config.yaml").write_text("env: shop\n")
+    bad = subprocess.run([sys.executable, str(script), str(run)], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "the probes are TextWorld's" in bad.stderr

@@ -225,6 +225,13 @@ class ExperienceModel:
                 log.warning("experience model: prompt over its budget (%d tokens); shortened (%d so far)", budget, n)
         return fitted
 
+    def served(self, queries: Sequence[ExperienceQuery]) -> list[tuple[ProtocolConfig, Prompt] | None]:
+        """Each query's prompt as served (:meth:`fit_layout`) with the layout its output is parsed against: copy
+        references point into the prompt as served (``layout_refs``), else, for models trained before session 18,
+        into the whole query (the model's own layout). None where not even the shortest layout fits."""
+        fitted = [self.fit_layout(q, self.prompt(q)) for q in queries]
+        return [None if f is None else (f[0] if self.protocol.layout_refs else self.protocol, f[1]) for f in fitted]
+
     # ----------------------------------------------------------------------------------------- predict
 
     def predict(
@@ -237,10 +244,9 @@ class ExperienceModel:
         if not queries:
             return []
         queries = self.with_neighbours(queries, exclude_traj)
-        fitted = [self.fit_layout(q, self.prompt(q)) for q in queries]
+        fitted = self.served(queries)
         prompts = [f[1] if f is not None else "" for f in fitted]
-        # copy references point into the prompt as served (layout_refs), else into the whole query (older models)
-        layouts = [f[0] if f is not None and self.protocol.layout_refs else self.protocol for f in fitted]
+        layouts = [f[0] if f is not None else self.protocol for f in fitted]
         results: list[ExperiencePrediction | None] = [None] * len(queries)
         reasons: dict[int, str] = {i: "truncated" for i, p in enumerate(fitted) if p is None}  # cannot fit at all
         pending = [i for i, p in enumerate(fitted) if p is not None]

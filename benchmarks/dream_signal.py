@@ -1,0 +1,88 @@
+"""How much learning signal RL runs got, iteration by iteration: success, the GRPO groups whose rewards did not vary.
+
+    python benchmarks/dream_signal.py RUN_DIR [RUN_DIR ...] [--out FILE.json]
+
+RUN_DIR is an RL run's dir (``metrics.jsonl``, ``summary.json``), e.g. a bench seed's ``runs/tw0/seed0/dreamgym``.
+A group whose episodes all got the same reward has advantages of 0 under GRPO, so it moves nothing: a dream that
+pays every episode (or a policy that plays every episode of a group alike) teaches nothing, whatever its fidelity.
+Per iteration: the rollouts' success, the share of groups with zero reward variance, the gradient norm and the
+policy's per-token entropy; per run, the same over all iterations and the run's wm2real replay (dreamt episodes'
+actions replayed in the real env), where it has one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+
+class BadInput(Exception):
+    pass
+
+
+def _iterations(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise BadInput(f"{path.parent} holds no metrics.jsonl (not an RL run dir)")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BadInput(f"{path}:{n}: not JSON ({e.msg})") from None
+        if isinstance(row, dict) and "task_variances" in row:  # an RL iteration (eval-only lines have none)
+            rows.append(row)
+    if not rows:
+        raise BadInput(f"{path} holds no RL iteration with task_variances")
+    return rows
+
+
+def signal(run: Path) -> dict[str, Any]:
+    """The run's per-iteration signal and its totals (see the module docstring)."""
+    per_iter = []
+    groups = flat = 0
+    for row in _iterations(run / "metrics.jsonl"):
+        variances = [float(v) for v in row["task_variances"]]
+        zero = sum(v <= 1e-12 for v in variances)
+        groups, flat = groups + len(variances), flat + zero
+        per_iter.append({"iteration": row.get("iteration"), "success": row.get("success"),
+                         "episode_steps": row.get("episode_steps"), "groups": len(variances),
+                         "zero_variance_groups": zero, "grad_norm": row.get("grad_norm"), "entropy": row.get("entropy")})
+    successes = [r["success"] for r in per_iter if r["success"] is not None]
+    summary_path = run / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    return {"run": str(run), "iterations": per_iter,
+            "mean_success": round(statistics.fmean(successes), 4) if successes else None,
+            "groups": groups, "zero_variance_groups": flat,
+            "zero_variance_share": round(flat / groups, 4) if groups else None,
+            "wm2real": summary.get("wm2real")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", type=Path)
+    ap.add_argument("--out", type=Path, help="the JSON report (default: print only)")
+    args = ap.parse_args(argv)
+    try:
+        reports = [signal(run) for run in args.runs]
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for r in reports:
+        w = r["wm2real"] or {}
+        print(f"{r['run']}: success {r['mean_success']}, groups with zero reward variance {r['zero_variance_groups']} "
+              f"of {r['groups']}; wm2real: {w.get('invalid_in_real', '-')} of {w.get('episodes', '-')} replayed "
+              f"episodes take an action the real env rejects, real success {w.get('real_success_rate', '-')}")
+    if args.out:
+        cmd = "python benchmarks/dream_signal.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        args.out.write_text(json.dumps({"command": cmd, "runs": reports}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
