@@ -55,12 +55,11 @@ def probes(cfg: Any, games: int) -> list[tuple[Any, str, str]]:
             early_done = False
             for _ in range(cfg.max_steps):
                 action = oracle.act(obs, info)
-                admissible = info.get("admissible_actions") or []
-                kind = "ready" if action == PREPARE else "early" if PREPARE in admissible and not early_done else None
-                if kind == "early":  # the real game's answer to preparing now; it changes nothing but the feedback
+                if action != PREPARE and PREPARE in (info.get("admissible_actions") or []) and not early_done:
+                    # the real game's answer to preparing now; it changes nothing but the feedback
                     early_done = True
-                    early_obs, _, ended, cut, _ = env.step(PREPARE)
-                    out.append((ExperienceQuery(task.instruction, list(history), [], obs, PREPARE), kind,
+                    early_obs, _, ended, cut, info = env.step(PREPARE)
+                    out.append((ExperienceQuery(task.instruction, list(history), [], obs, PREPARE), "early",
                                 answer(early_obs)))
                     if ended or cut:
                         break
