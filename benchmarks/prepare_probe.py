@@ -11,8 +11,8 @@ Each val game (the first ``--games`` of the config's val split) is played by Tex
 `prepare meal` is admissible while the oracle's next command is something else, the probe takes `prepare meal`
 there (an *early* probe; the real game's answer is recorded, and the game, unchanged by it, goes on); the step where
 the oracle itself prepares is a *ready* probe; and the game replayed to the oracle's last `take`, with another item
-taken instead, then `prepare meal`, is a *wrong* probe (the dream's case: as many items carried, one not the recipe's). M_exp (as trained and served: its own prompt budget and neighbours)
-predicts each probe's next state; its answer is the class of the predicted feedback line (``miss``, ``meal`` or
+taken instead, then `prepare meal`, is a *wrong* probe (the dream's case: as many items carried, one not the
+recipe's). M_exp (as trained and served: its own prompt budget and neighbours) predicts each probe's next state; its answer is the class of the predicted feedback line (``miss``, ``meal`` or
 ``other``). Accuracy is printed beside the majority answer's, and per class, so a model that always prepares the
 meal scores the ready probes' share, and 0 on the early ones.
 """
@@ -39,7 +39,7 @@ def answer(next_state: str) -> str:
 
 
 def probes(cfg: Any, games: int) -> list[tuple[Any, str, str]]:
-    """``(query, kind, real answer)`` for the early and ready probes of the first ``games`` val games."""
+    """``(query, kind, real answer)`` for the early, ready and wrong probes of the first ``games`` val games."""
     from dreamgym.envs import make
     from dreamgym.envs.textworld.policies import OraclePolicy
     from dreamgym.experience.protocol import ExperienceQuery

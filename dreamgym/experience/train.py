@@ -189,6 +189,8 @@ def fit_examples(
                     return SFTExample(prompt, target), layout is not protocol_cfg, target != ex.target
         if served_budget is not None:  # no layout within the served budget: the example's own budget
             for layout, prompt, n in candidates:
+                if n <= served_budget:  # tried above: its target did not leave it room
+                    continue
                 target, budget = target_of(layout)
                 if n <= budget:
                     return SFTExample(prompt, target), layout is not protocol_cfg, target != ex.target
