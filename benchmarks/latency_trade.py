@@ -71,7 +71,10 @@ def main() -> None:
 
     offline_s = collection_s(collect)
     # the extra behaviours' episodes (DemoConfig.extra_behaviour) are M_exp's data only: a cost of the dream alone
-    extra = [{**e, "collection_s_at_this_latency": collection_s(e)} for e in collect.get("extra", [])]
+    # (their own stage, collect_extra, since session 20; in collect's marker before)
+    extra_marker = seed_dir / "stages" / "collect_extra.json"
+    extra_data = json.loads(extra_marker.read_text()) if extra_marker.exists() else collect
+    extra = [{**e, "collection_s_at_this_latency": collection_s(e)} for e in extra_data.get("extra", [])]
     extra_s = sum(e["collection_s_at_this_latency"] for e in extra)
     target = real[-1]["eval_success"]
     summary = json.loads((run / "summary.json").read_text())

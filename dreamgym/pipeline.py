@@ -99,13 +99,17 @@ def parse_rows(rows: str | Sequence[str]) -> tuple[str, ...]:
 
 
 class Behaviour(BaseModel):
-    """More offline episodes for the experience model from a noisier behaviour policy (the env's noisy oracle at
-    ``noise``; see :attr:`DemoConfig.extra_behaviour`), ``share`` x ``offline_episodes`` of them."""
+    """More offline episodes for the experience model from another behaviour policy (by default the env's noisy
+    oracle at ``noise``; see :attr:`DemoConfig.extra_behaviour`), ``share`` x ``offline_episodes`` of them."""
 
     model_config = ConfigDict(extra="forbid")
 
     share: float = Field(gt=0, le=10, description="episodes, as a share of offline_episodes")
     noise: float = Field(ge=0, le=1, description="the noisy oracle's random-step rate")
+    policy: str = Field(default="noisy", description="the env's scripted policy (e.g. TextWorld's 'hasty': the "
+                        "noisy oracle that also prepares the meal too soon)")
+    options: dict[str, float] = Field(default_factory=dict, description="more arguments of the policy (e.g. "
+                                      "{early: 0.3, swap: 0.3} for TextWorld's hasty policy)")
 
     def episodes(self, offline_episodes: int) -> int:
         return max(1, round(self.share * offline_episodes))
@@ -293,9 +297,12 @@ class Stage(NamedTuple):
 EXP_FIELDS = ("exp_model", "exp_protocol", "exp_sft", "exp_mixture", "exp_reward_head", "exp_reserve_prompt")
 STAGES: dict[str, Stage] = {
     "collect": Stage("collect offline data", ("env", "env_kwargs", "seed", "offline_episodes", "offline_file",
-                                              "collect_policy", "noise", "extra_behaviour"), (),
-                     ("offline.jsonl", "offline_extra")),
-    "annotate": Stage("annotate reasoning", ("annotator", "annotator_llm"), ("collect",), ("offline_annotated.jsonl",)),
+                                              "collect_policy", "noise"), (), ("offline.jsonl",)),
+    # M_exp's data only: the policy's SFT, which clones offline.jsonl, does not wait on (or redo for) it
+    "collect_extra": Stage("collect the extra behaviours' episodes", ("extra_behaviour",), ("collect",),
+                           ("offline_extra",)),
+    "annotate": Stage("annotate reasoning", ("annotator", "annotator_llm"), ("collect", "collect_extra"),
+                      ("offline_annotated.jsonl",)),
     "train_exp": Stage("train the experience model", EXP_FIELDS,
                        ("annotate",), ("experience_model", "buffer", "buffer.partial")),
     "fidelity": Stage("fidelity of the experience model", ("heldout_episodes", "heldout_noise"), ("train_exp",),
@@ -332,6 +339,8 @@ def active_stages(cfg: DemoConfig) -> list[str]:
     """The stages ``cfg`` runs, in :data:`STAGES` order: collect, annotate, train_exp, fidelity (when
     ``heldout_episodes``), sft, and the rows' stages with the stages they need."""
     wanted = {"collect", "annotate", "train_exp", "sft", *cfg.rows}
+    if cfg.extra_behaviour and cfg.offline_file is None:
+        wanted.add("collect_extra")
     if cfg.heldout_episodes:
         wanted.add("fidelity")
     for row in cfg.rows:
@@ -343,19 +352,25 @@ def active_stages(cfg: DemoConfig) -> list[str]:
 # value a field is left out of its stage's key, so the committed benches' stages stay reusable (and a seed's rerun
 # can still reproduce them); any other value is in the key like every field.
 LATE_FIELDS: dict[str, Any] = {"bc_final_repeat": 1, "exp_reward_head": False, "exp_reserve_prompt": False}
+# Until session 20 one stage collected offline.jsonl and the extra behaviours' episodes: collect's key keeps the
+# value most runs had then, so that their collect and SFT stages stay reusable.
+FROZEN_FIELDS: dict[str, dict[str, Any]] = {"collect": {"extra_behaviour": []}}
 
 
 def stage_keys(cfg: DemoConfig) -> dict[str, dict[str, Any]]:
     """Each stage's cache key: ``inputs``, the values of the :data:`STAGES` fields it reads (dicts flattened to
     ``field.key``; an ``offline_file`` by its sha256, not its path) and ``stage <name>``, the hash of each input
-    stage's key; and ``hash``, a hash of those inputs. A change upstream thus changes every key downstream."""
+    stage's key (an input stage that ``cfg`` does not run, :func:`active_stages`, is left out); and ``hash``, a
+    hash of those inputs. A change upstream thus changes every key downstream."""
     values = {**cfg.model_dump(mode="json"), "annotator": annotator_name(cfg)}
     if cfg.offline_file is not None:
         values["offline_file"] = "sha256:" + hashlib.sha256(cfg.offline_file.read_bytes()).hexdigest()
+    skipped = {"collect_extra"} - set(active_stages(cfg))  # the one stage that may not run
     keys: dict[str, dict[str, Any]] = {}
     for name, stage in STAGES.items():
         inputs = _flatten({f: values[f] for f in stage.fields if f not in LATE_FIELDS or values[f] != LATE_FIELDS[f]})
-        inputs.update({f"stage {s}": keys[s]["hash"] for s in stage.inputs})
+        inputs.update(_flatten(FROZEN_FIELDS.get(name, {})))
+        inputs.update({f"stage {s}": keys[s]["hash"] for s in stage.inputs if s not in skipped})
         digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
         keys[name] = {"hash": digest, "inputs": inputs}
     return keys
@@ -433,9 +448,9 @@ def _stage(name: str, marker: Path, run: Callable[[], Any], key: dict[str, Any],
 
 
 def collect_episodes(cfg: DemoConfig, path: Path, episodes: int, split: str, seed: int,
-                     noise: float | None = None) -> dict[str, Any]:
-    """Append episodes of ``split`` by :func:`collect_policy` to ``path`` until it holds ``episodes`` (``noise``:
-    default ``cfg.noise``); summarise the file."""
+                     noise: float | None = None, behaviour: Behaviour | None = None) -> dict[str, Any]:
+    """Append episodes of ``split`` to ``path`` until it holds ``episodes``, by ``behaviour``'s policy, else by
+    :func:`collect_policy` (``noise``: default ``cfg.noise``); summarise the file."""
     from dreamgym.collect import iter_episodes
     from dreamgym.envs import make
     from dreamgym.types import JsonlWriter, read_jsonl
@@ -444,7 +459,8 @@ def collect_episodes(cfg: DemoConfig, path: Path, episodes: int, split: str, see
     if have < episodes:
         env = make(cfg.env, **cfg.env_kwargs)
         try:
-            policy = collect_policy(cfg, env, seed, cfg.noise if noise is None else noise)
+            policy = (collect_policy(cfg, env, seed, cfg.noise if noise is None else noise) if behaviour is None
+                      else env.scripted_policy(behaviour.policy, seed=seed, noise=behaviour.noise, **behaviour.options))
             with JsonlWriter(path) as w:
                 for traj in iter_episodes(env, policy, episodes, split, seed, skip=have):
                     w.write(traj)
@@ -453,17 +469,15 @@ def collect_episodes(cfg: DemoConfig, path: Path, episodes: int, split: str, see
     return summarize_file(path)
 
 
-def collect_offline(cfg: DemoConfig, offline: Path, extra: Sequence[Path]) -> dict[str, Any]:
-    """The offline data: ``offline_episodes`` by :func:`collect_policy` into ``offline``, then each of
-    ``cfg.extra_behaviour`` into its file of ``extra`` (train split, seeds of their own); a summary of each."""
-    summary = collect_episodes(cfg, offline, cfg.offline_episodes, "train", cfg.seed)
-    if cfg.extra_behaviour:
-        summary["extra"] = []
-        for i, (b, path) in enumerate(zip(cfg.extra_behaviour, extra, strict=True)):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            summary["extra"].append({"noise": b.noise, **collect_episodes(
-                cfg, path, b.episodes(cfg.offline_episodes), "train", cfg.seed + 1_000_000 * (i + 1), noise=b.noise)})
-    return summary
+def collect_extra(cfg: DemoConfig, extra: Sequence[Path]) -> dict[str, Any]:
+    """Each of ``cfg.extra_behaviour``'s episodes into its file of ``extra`` (train split, seeds of their own:
+    ``seed + 1_000_000 x (i + 1)``); a summary of each (``extra``)."""
+    summaries = []
+    for i, (b, path) in enumerate(zip(cfg.extra_behaviour, extra, strict=True)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        summaries.append({"policy": b.policy, "noise": b.noise, **b.options, **collect_episodes(
+            cfg, path, b.episodes(cfg.offline_episodes), "train", cfg.seed + 1_000_000 * (i + 1), behaviour=b)})
+    return {"extra": summaries}
 
 
 def collect_policy(cfg: DemoConfig, env: TextEnv, seed: int, noise: float) -> ScriptedPolicy:
@@ -609,7 +623,10 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
         offline = cfg.offline_file
         data = stage("collect", f"offline data: {offline}", lambda: summarize_file(offline))
     else:
-        data = stage("collect", "collect offline data", lambda: collect_offline(cfg, offline, extra))
+        data = stage("collect", "collect offline data", lambda: collect_episodes(cfg, offline, cfg.offline_episodes,
+                                                                                 "train", cfg.seed))
+    if "collect_extra" in active_stages(cfg):
+        stage("collect_extra", STAGES["collect_extra"].title, lambda: collect_extra(cfg, extra))
     stage("annotate", f"annotate reasoning ({annotator_name(cfg)})", lambda: annotate(cfg, [offline, *extra], annotated))
     stage("train_exp", "train the experience model", lambda: train_experience_model(
         [annotated], cfg.exp_model, exp_dir, ProtocolConfig(**cfg.exp_protocol), SFTConfig(**cfg.exp_sft),

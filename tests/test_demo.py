@@ -41,7 +41,8 @@ def test_micro_demo_end_to_end_and_cached_rerun(tmp_path: Path) -> None:
         assert (marker["evals"][-1] if "evals" in marker else marker)["invalid_action_rate"] < 0.5
     # the experience model's data: the offline episodes and 40% more at noise 0.8 (the shop's extra_behaviour)
     collect = json.loads((out / "stages/collect.json").read_text())
-    assert collect["trajectories"] == 60 and collect["extra"] == [{**collect["extra"][0], "noise": 0.8, "trajectories": 24}]
+    extra = json.loads((out / "stages/collect_extra.json").read_text())["extra"]
+    assert collect["trajectories"] == 60 and extra == [{**extra[0], "noise": 0.8, "trajectories": 24}]
     assert len((out / "offline_annotated.jsonl").read_text().splitlines()) == 60 + 24
     assert rows["GRPO (real)"]["real_transitions"] > 0 and rows["DreamGym-S2R"]["real_transitions"] > 0
     dream = json.loads((out / "dreamgym" / "summary.json").read_text())

@@ -11,7 +11,16 @@ from typing import Any
 
 import pytest
 
-from dreamgym.pipeline import STAGES, DemoConfig, _stage, demo_config, run_demo, stage_keys
+from dreamgym.pipeline import (
+    STAGES,
+    DemoConfig,
+    _stage,
+    active_stages,
+    collect_episodes,
+    demo_config,
+    run_demo,
+    stage_keys,
+)
 
 
 def micro(**fields: Any) -> DemoConfig:
@@ -115,20 +124,29 @@ def test_run_demo_refuses_before_writing_anything(tmp_path: Path) -> None:
 
 def test_extra_behaviour_is_collected_apart_for_the_experience_model(tmp_path: Path) -> None:
     """``extra_behaviour``: episodes of a noisier behaviour policy go to offline_extra/ (the experience model's
-    data; the policy's SFT clones offline.jsonl alone), on seeds of their own, and are in the collect stage's key."""
-    from dreamgym.pipeline import collect_offline
+    data; the policy's SFT clones offline.jsonl alone), on seeds of their own, in a stage of their own: a change to
+    them redoes M_exp's stages, never the offline data or the policy's SFT."""
+    from dreamgym.pipeline import collect_extra
     from dreamgym.types import read_trajectories
 
     cfg = micro(offline_episodes=4, extra_behaviour=[{"share": 0.5, "noise": 1.0}])
     files = [tmp_path / "offline_extra" / "0.jsonl"]
-    summary = collect_offline(cfg, tmp_path / "offline.jsonl", files)
-    assert summary["trajectories"] == 4 and summary["extra"][0]["trajectories"] == 2
-    assert summary["extra"][0]["noise"] == 1.0
+    collect_episodes(cfg, tmp_path / "offline.jsonl", 4, "train", cfg.seed)
+    summary = collect_extra(cfg, files)
+    assert summary["extra"][0]["trajectories"] == 2 and summary["extra"][0]["noise"] == 1.0
+    assert summary["extra"][0]["policy"] == "noisy"
     primary = list(read_trajectories(tmp_path / "offline.jsonl"))
     extra = list(read_trajectories(tmp_path / "offline_extra" / "0.jsonl"))
     assert all(x.info.get("detour") for t in extra for x in t.transitions)  # noise 1: every step a random one
     assert {t.meta.get("seed") for t in primary}.isdisjoint({t.meta.get("seed") for t in extra})
-    assert stage_keys(cfg)["collect"]["hash"] != stage_keys(micro(offline_episodes=4))["collect"]["hash"]
-    assert collect_offline(cfg, tmp_path / "offline.jsonl", files) == summary  # resumed: as is
+    assert collect_extra(cfg, files) == summary  # resumed: as is
+    keys, none = stage_keys(cfg), stage_keys(micro(offline_episodes=4, extra_behaviour=[]))
+    moved = {s for s in STAGES if keys[s]["hash"] != none[s]["hash"]}
+    assert {"annotate", "train_exp", "dreamgym"} <= moved and not moved & {"collect", "sft", "grpo_real"}
+    # without extra behaviours the stage does not run, and annotate's key is what it was before the stage existed
+    assert "collect_extra" in active_stages(cfg) and "collect_extra" not in active_stages(micro(extra_behaviour=[]))
+    assert "stage collect_extra" in keys["annotate"]["inputs"]
+    assert set(none["annotate"]["inputs"]) == {"annotator", "annotator_llm", "stage collect"}
+    assert none["collect"]["inputs"]["extra_behaviour"] == keys["collect"]["inputs"]["extra_behaviour"] == []
     with pytest.raises(ValueError, match="share"):
         micro(extra_behaviour=[{"share": 0, "noise": 0.8}])

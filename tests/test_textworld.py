@@ -155,6 +155,42 @@ def test_noisy_and_random_policies(env: TextWorldEnv) -> None:
         env.scripted_policy("noisy", noise=2.0)
 
 
+TWO_INGREDIENTS = {"settings": {"go": 1, "recipe": 2, "take": 2}, "num_train_games": 1, "num_test_games": 1,
+                   "num_val_games": 2}  # the games of the prepare probes' test (one cache dir: compiled once)
+
+
+def test_hasty_policy_prepares_too_soon_and_the_game_refuses(cache_dir: Path) -> None:
+    """TextWorld's ``hasty`` behaviour (extra data for M_exp): on two-ingredient games, preparing before every
+    ingredient is carried, and after another item is taken in place of the last one, is refused by the real game;
+    the oracle then recovers, and the hasty steps are detours (behaviour cloning never learns them)."""
+    env = make("textworld", **TWO_INGREDIENTS, cache_dir=str(cache_dir / "probe"))
+    tasks = env.tasks("train") + env.tasks("val")
+
+    def prepares(policy_kwargs: dict[str, float]) -> list[tuple[bool, bool, bool]]:
+        """(the episode's last prepare, refused, a detour) of each ``prepare meal``."""
+        policy = env.scripted_policy("hasty", seed=0, noise=0.0, **policy_kwargs)
+        out = []
+        for task in tasks:
+            traj = run_episode(env, policy, task=task, seed=0)
+            assert traj.success  # it recovers
+            feedback = [x.next_state.lower() for x in traj.transitions if x.action == "prepare meal"]
+            detours = [bool(x.info.get("detour")) for x in traj.transitions if x.action == "prepare meal"]
+            out += [(ok, "still miss something" in f, d) for ok, f, d in
+                    zip([False] * (len(feedback) - 1) + [True], feedback, detours, strict=True)]
+        return out
+
+    for kwargs in ({"early": 0.0, "swap": 1.0}, {"early": 1.0, "swap": 0.0}):
+        found = prepares(kwargs)
+        # each game: refused hasty prepares (detours), then the oracle's own, which works
+        assert any(not last for last, _, _ in found), kwargs
+        assert all(refused == (not last) == detour for last, refused, detour in found), kwargs
+    calm = prepares({"early": 0.0, "swap": 0.0})  # the oracle alone: one prepare a game, accepted
+    assert len(calm) == len(tasks) and not any(refused for _, refused, _ in calm)
+    with pytest.raises(ValueError, match="swap"):
+        env.scripted_policy("hasty", swap=1.5)
+    env.close()
+
+
 def test_invalid_command_keeps_state_and_abstract_state_grammar(env: TextWorldEnv) -> None:
     obs, info = env.reset(options={"task": env.tasks("train")[0]})
     assert obs.startswith("location: ") and "[f] feedback: " in obs and "$$" not in obs
@@ -229,9 +265,8 @@ def test_prepare_probes_record_what_the_real_game_answers(cache_dir: Path) -> No
     assert spec is not None and spec.loader is not None
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
-    cfg = SimpleNamespace(env="textworld", max_steps=20, env_kwargs={
-        "settings": {"go": 1, "recipe": 2, "take": 2}, "num_train_games": 1, "num_test_games": 1, "num_val_games": 2,
-        "cache_dir": str(cache_dir / "probe")})
+    cfg = SimpleNamespace(env="textworld", max_steps=20, env_kwargs={**TWO_INGREDIENTS,
+                                                                      "cache_dir": str(cache_dir / "probe")})
     found = probe.probes(cfg, 2)
     kinds = [(k, real) for _, k, real in found]
     assert kinds.count(("ready", "meal")) == 2 and ("early", "miss") in kinds and ("wrong", "miss") in kinds
