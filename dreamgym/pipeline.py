@@ -137,6 +137,8 @@ class DemoConfig(BaseModel):
         "else diff")
     annotator_llm: dict[str, Any] | None = Field(default=None, description="the teacher's LLMConfig fields "
                                                  "(annotator llm)")
+    annotator_options: dict[str, Any] = Field(default_factory=dict, description="keywords for the env's rule "
+                                              "explainer (annotator rule), e.g. TextWorld's {recipe: true}")
     noise: float = 0.3
     extra_behaviour: list[Behaviour] = Field(default_factory=list, description="more offline episodes from "
         "noisier behaviour policies, for the experience model (and its replay buffer) only: the failures a policy in "
@@ -301,7 +303,8 @@ STAGES: dict[str, Stage] = {
     # M_exp's data only: the policy's SFT, which clones offline.jsonl, does not wait on (or redo for) it
     "collect_extra": Stage("collect the extra behaviours' episodes", ("extra_behaviour",), ("collect",),
                            ("offline_extra",)),
-    "annotate": Stage("annotate reasoning", ("annotator", "annotator_llm"), ("collect", "collect_extra"),
+    "annotate": Stage("annotate reasoning", ("annotator", "annotator_llm", "annotator_options"),
+                      ("collect", "collect_extra"),
                       ("offline_annotated.jsonl",)),
     "train_exp": Stage("train the experience model", EXP_FIELDS,
                        ("annotate",), ("experience_model", "buffer", "buffer.partial")),
@@ -351,7 +354,8 @@ def active_stages(cfg: DemoConfig) -> list[str]:
 # Fields added after benches were committed, with the value that does what the code did before them: at that
 # value a field is left out of its stage's key, so the committed benches' stages stay reusable (and a seed's rerun
 # can still reproduce them); any other value is in the key like every field.
-LATE_FIELDS: dict[str, Any] = {"bc_final_repeat": 1, "exp_reward_head": False, "exp_reserve_prompt": False}
+LATE_FIELDS: dict[str, Any] = {"bc_final_repeat": 1, "exp_reward_head": False, "exp_reserve_prompt": False,
+                               "annotator_options": {}}
 # Until session 20 one stage collected offline.jsonl and the extra behaviours' episodes: collect's key keeps the
 # value most runs had then, so that their collect and SFT stages stay reusable.
 FROZEN_FIELDS: dict[str, dict[str, Any]] = {"collect": {"extra_behaviour": []}}
@@ -524,6 +528,9 @@ def annotate(cfg: DemoConfig, sources: list[Path], target: Path) -> dict[str, An
     )
 
     name = annotator_name(cfg)
+    if cfg.annotator_options and name != "rule":
+        raise ValueError(f"annotator_options {cfg.annotator_options} are the rule explainer's; this run annotates "
+                         f"with {name!r}")
     worker: Annotator
     if name == "llm":
         if not cfg.annotator_llm:
@@ -534,7 +541,7 @@ def annotate(cfg: DemoConfig, sources: list[Path], target: Path) -> dict[str, An
         llm_cfg = LLMConfig.model_validate(cfg.annotator_llm)
         worker = LLMAnnotator(load_llm(llm_cfg), name=f"llm:{llm_cfg.model}")
     else:
-        worker = RuleAnnotator() if name == "rule" else DiffAnnotator()
+        worker = RuleAnnotator(options=cfg.annotator_options) if name == "rule" else DiffAnnotator()
     progress = annotate_file(sources, worker, target)
     return {"annotator": name, "written": progress.written, "skipped": progress.skipped, **progress.stats.as_dict()}
 

@@ -99,6 +99,11 @@ def test_every_transition_gets_a_trace_the_protocol_accepts(annotated: tuple[lis
     assert all(set(t.meta["task_tutorial"]) == {"Overall Plan", "Success Mode", "Failure Mode"} for t in trajs)
 
 
+def test_rule_explainer_options_the_explainer_does_not_take_are_a_one_line_error(shop_trajs: list[Trajectory]) -> None:
+    with pytest.raises(ValueError, match=r"^env 'shop'\'s rule explainer takes no options \{'recipe': True\}"):
+        RuleAnnotator(options={"recipe": True}).annotate(shop_trajs[:1])
+
+
 def test_purchase_score_equals_the_recorded_reward(annotated: tuple[list[Trajectory], RuleAnnotator]) -> None:
     trajs, _ = annotated
     buys = [(traj, x) for traj, _, x in steps(trajs) if x.done and "Thank you for shopping" in x.next_state]

@@ -67,6 +67,11 @@ def test_keys_follow_the_fields_and_stages_each_stage_depends_on(tmp_path: Path)
     before = stage_keys(micro(exp_reserve_prompt=False))
     assert "exp_reserve_prompt" not in before["train_exp"]["inputs"]
     assert {s for s in STAGES if before[s]["hash"] != base[s]["hash"]} == set(downstream)
+    # the rule explainer's options (none by default, as before the field) are the annotation's and all after it
+    assert "annotator_options" not in base["annotate"]["inputs"]
+    changed = stage_keys(micro(annotator_options={"recipe": True}))
+    assert changed["annotate"]["inputs"]["annotator_options.recipe"] is True
+    assert {s for s in STAGES if changed[s]["hash"] != base[s]["hash"]} == {"annotate", *downstream}
     changed = stage_keys(micro(seed=1))  # read by the first stage: every key changes
     assert all(changed[s]["hash"] != base[s]["hash"] for s in STAGES)
     data = tmp_path / "own.jsonl"

@@ -13,6 +13,7 @@ from dreamgym.collect import evaluate_scripted, run_episode
 from dreamgym.envs import make
 from dreamgym.envs.checker import check_env
 from dreamgym.envs.textworld.env import TextWorldEnv
+from dreamgym.envs.textworld.explain import explain_trajectory, recipe_ingredients
 from dreamgym.envs.textworld.games import GameSpec
 from dreamgym.envs.textworld.state import clean_text, inventory_items, shown_commands
 from dreamgym.types import Task
@@ -184,6 +185,25 @@ def test_hasty_policy_prepares_too_soon_and_the_game_refuses(cache_dir: Path) ->
         # each game: refused hasty prepares (detours), then the oracle's own, which works
         assert any(not last for last, _, _ in found), kwargs
         assert all(refused == (not last) == detour for last, refused, detour in found), kwargs
+    # the recipe traces (annotator_options {recipe: true}) say, from the instruction and what is carried, what the
+    # game then decides: a refused prepare misses an ingredient, the made meal misses none, the swapped item is not
+    # needed; by default the traces hold no recipe
+    policy = env.scripted_policy("hasty", seed=0, noise=0.0, early=0.0, swap=1.0)
+    for task in tasks:
+        traj = run_episode(env, policy, task=task, seed=0)
+        needed = recipe_ingredients(task.instruction)
+        assert len(needed) == 2 and all(n in task.instruction and "(" not in n for n in needed)
+        traces = explain_trajectory(traj, recipe=True).reasoning
+        assert not any("recipe:" in t for t in explain_trajectory(traj).reasoning)
+        for x, trace in zip(traj.transitions, traces, strict=True):
+            if x.action == "prepare meal":
+                refused = "still miss something" in x.next_state.lower()
+                assert ("; missing " in trace) == refused and ("none missing" in trace) == (not refused), trace
+            elif x.action.startswith("take "):
+                scored = "score has just gone up" in x.next_state.lower()
+                assert trace.count(" not needed;") == (not scored) and trace.count(" needed;") == 1, trace
+            else:
+                assert "recipe:" not in trace
     calm = prepares({"early": 0.0, "swap": 0.0})  # the oracle alone: one prepare a game, accepted
     assert len(calm) == len(tasks) and not any(refused for _, refused, _ in calm)
     with pytest.raises(ValueError, match="swap"):

@@ -47,7 +47,7 @@ TUTORIAL_KEYS = ("Overall Plan", "Success Mode", "Failure Mode")
 # ---------------------------------------------------------------------------------------- common part
 
 
-Explainer = Callable[[Trajectory], Explanation]
+Explainer = Callable[..., Explanation]  # (trajectory, **options)
 
 
 @dataclass
@@ -144,12 +144,14 @@ def apply_annotation(
 
 
 class RuleAnnotator:
-    """Annotates each trajectory with its env's rule-based explainer (:attr:`EnvSpec.explainer`)."""
+    """Annotates each trajectory with its env's rule-based explainer (:attr:`EnvSpec.explainer`); ``options`` go to
+    the explainer as keywords (e.g. TextWorld's ``recipe``; one it does not take is a ValueError)."""
 
     name = "rule"
 
-    def __init__(self, max_reasoning_chars: int | None = None) -> None:
+    def __init__(self, max_reasoning_chars: int | None = None, options: dict[str, Any] | None = None) -> None:
         self.max_reasoning_chars = max_reasoning_chars
+        self.options = dict(options or {})
         self.stats = AnnotationStats()
 
     @staticmethod
@@ -162,7 +164,12 @@ class RuleAnnotator:
             known = ", ".join(name for name in registered() if rule_explainer(name) is not None)
             raise DataError(f"trajectory {traj.traj_id}: env {env_of(traj)!r} has no rule-based explainer (envs "
                             f"with one: {known}); annotate with 'diff' (any env) or 'llm'")
-        explanation = explainer(traj)
+        try:
+            explanation = explainer(traj, **self.options)
+        except TypeError as e:
+            if not self.options:
+                raise
+            raise ValueError(f"env {env_of(traj)!r}'s rule explainer takes no options {self.options} ({e})") from None
         self.stats.counts.update(explanation.issues)
         return explanation
 

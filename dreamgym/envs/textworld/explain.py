@@ -2,16 +2,80 @@
 the game's score (see :mod:`dreamgym.envs.explain_diff`)::
 
     "open fridge" listed: valid; location Kitchen; command +close fridge +take milk from fridge -open fridge; score 0.00; reward 0
+
+With ``recipe=True`` (``DemoConfig.annotator_options``) a ``take`` and a ``prepare meal`` also say what the recipe
+asks, read from the task's instruction and the carried items, so that the experience model writes the comparison
+before the page it decides (a meal is made only when every ingredient is carried; taking an ingredient scores)::
+
+    "take red potato from counter" listed: valid; recipe: purple potato, red bell pepper; red potato not needed; ...
+    "prepare meal" listed: valid; recipe: purple potato, red bell pepper; carried: purple potato; missing red bell pepper; ...
 """
 
 from __future__ import annotations
 
-from dreamgym.envs.explain_diff import explain_text_trajectory
-from dreamgym.types import Explanation, Trajectory
+import re
+
+from dreamgym.envs.explain_diff import ParsedState, explain_text_trajectory
+from dreamgym.types import Explanation, Trajectory, Transition
 
 ELEMENT_TYPES = ("carrying", "command")  # the feedback is new text: the model writes it, the trace does not
 ROOM_TYPES = frozenset({"command"})  # what a room change replaces (the inventory travels along)
+PREPARE = "prepare meal"
+_TAKE = re.compile(r"^take (.+?)(?: from .+)?$")
 
 
-def explain_trajectory(traj: Trajectory) -> Explanation:
-    return explain_text_trajectory(traj, ELEMENT_TYPES, ROOM_TYPES)
+def explain_trajectory(traj: Trajectory, recipe: bool = False) -> Explanation:
+    explanation = explain_text_trajectory(traj, ELEMENT_TYPES, ROOM_TYPES)
+    if not recipe:
+        return explanation
+    needed = recipe_ingredients(traj.task.instruction)
+    if not needed:  # counted: the traces stay as they were
+        explanation.issues["no_recipe"] += 1
+        return explanation
+    traces = [recipe_trace(trace, x, needed) for trace, x in zip(explanation.reasoning, traj.transitions, strict=True)]
+    return Explanation(traces, explanation.task_tutorial, explanation.issues)
+
+
+def recipe_ingredients(instruction: str) -> list[str]:
+    """The ingredients' names in a task's ``(ingredients: a (fried), b, …)``, without how each is prepared."""
+    _, found, rest = instruction.rpartition("(ingredients: ")
+    if not found:
+        return []
+    names, depth, word = [], 0, ""
+    for ch in rest:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            if depth == 0:
+                break
+            depth -= 1
+        elif ch == "," and depth == 0:
+            names.append(word)
+            word = ""
+        elif depth == 0:
+            word += ch
+    names.append(word)
+    return [n.strip() for n in names if n.strip()]
+
+
+def _carried(state: str, name: str) -> bool:
+    return any(t == name or t.endswith(" " + name) for t in ParsedState.parse(state).elements.get("carrying", []))
+
+
+def recipe_trace(trace: str, x: Transition, needed: list[str]) -> str:
+    """``trace`` with the recipe's segment after its head, for a valid ``take`` or ``prepare meal``."""
+    head, sep, rest = trace.partition("; ")
+    if not sep or not head.endswith(": valid"):
+        return trace
+    segment = f"recipe: {', '.join(needed)}"
+    if x.action == PREPARE:
+        have = [n for n in needed if _carried(x.state, n)]
+        missing = [n for n in needed if n not in have]
+        segment += f"; carried: {', '.join(have) or 'none'}; " + (f"missing {', '.join(missing)}" if missing
+                                                                  else "none missing")
+    elif (take := _TAKE.match(x.action)) is not None:
+        item = take.group(1)
+        segment += f"; {item} {'needed' if item in needed else 'not needed'}"
+    else:
+        return trace
+    return f"{head}; {segment}; {rest}"
