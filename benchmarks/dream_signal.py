@@ -6,8 +6,10 @@ RUN_DIR is an RL run's dir (``metrics.jsonl``, ``summary.json``), e.g. a bench s
 A group whose episodes all got the same reward has advantages of 0 under GRPO, so it moves nothing: a dream that
 pays every episode (or a policy that plays every episode of a group alike) teaches nothing, whatever its fidelity.
 Per iteration: the rollouts' success, the share of groups with zero reward variance, the gradient norm and the
-policy's per-token entropy; per run, the same over all iterations and the run's wm2real replay (dreamt episodes'
-actions replayed in the real env), where it has one.
+policy's per-token entropy; per run, the same over all iterations, the run's wm2real replay (dreamt episodes'
+actions replayed in the real env), where it has one, and how many of its rollouts' next states (``rollouts/``) list
+one element twice (the same ``type: text`` line under two ids: on TextWorld a dreamt page that offers the item just
+taken five times; the real game's pages never do).
 """
 
 from __future__ import annotations
@@ -42,6 +44,28 @@ def _iterations(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def repeated_pages(rollouts: Path) -> dict[str, int] | None:
+    """Next states in ``rollouts/*.jsonl`` and how many list one ``[id] type: text`` element's text twice."""
+    files = sorted(rollouts.glob("*.jsonl")) if rollouts.is_dir() else []
+    if not files:
+        return None
+    pages = repeated = 0
+    for path in files:
+        for n, line in enumerate(path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                transitions = json.loads(line)["transitions"]
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise BadInput(f"{path}:{n}: not a trajectory ({e})") from None
+            for x in transitions:
+                lines = [ln.split("] ", 1)[1] for ln in str(x.get("next_state", "")).splitlines()
+                         if ln.startswith("[") and "] " in ln]
+                pages += 1
+                repeated += len(lines) != len(set(lines))
+    return {"pages": pages, "repeated_element_pages": repeated}
+
+
 def signal(run: Path) -> dict[str, Any]:
     """The run's per-iteration signal and its totals (see the module docstring)."""
     per_iter = []
@@ -60,7 +84,7 @@ def signal(run: Path) -> dict[str, Any]:
             "mean_success": round(statistics.fmean(successes), 4) if successes else None,
             "groups": groups, "zero_variance_groups": flat,
             "zero_variance_share": round(flat / groups, 4) if groups else None,
-            "wm2real": summary.get("wm2real")}
+            "wm2real": summary.get("wm2real"), "rollout_pages": repeated_pages(run / "rollouts")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         w = r["wm2real"] or {}
         print(f"{r['run']}: success {r['mean_success']}, groups with zero reward variance {r['zero_variance_groups']} "
               f"of {r['groups']}; wm2real: {w.get('invalid_in_real', '-')} of {w.get('episodes', '-')} replayed "
-              f"episodes take an action the real env rejects, real success {w.get('real_success_rate', '-')}")
+              f"episodes take an action the real env rejects, real success {w.get('real_success_rate', '-')}"
+              + (f"; {p['repeated_element_pages']} of {p['pages']} rollout pages list an element twice"
+                 if (p := r["rollout_pages"]) else ""))
     if args.out:
         cmd = "python benchmarks/dream_signal.py " + " ".join(sys.argv[1:] if argv is None else argv)
         args.out.write_text(json.dumps({"command": cmd, "runs": reports}, indent=2))

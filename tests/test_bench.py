@@ -387,6 +387,10 @@ def test_dream_signal_counts_the_groups_grpo_cannot_learn_from(tmp_path: Path) -
              {"iteration": 2, "eval_success": 0.2}]  # an evaluation line: not an RL iteration
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     (run / "summary.json").write_text(json.dumps({"wm2real": {"episodes": 4, "invalid_in_real": 3}}))
+    (run / "rollouts").mkdir()
+    pages = ["location: Kitchen\n[c1] command: take egg\n[c2] command: take egg",  # the item offered twice
+             "location: Kitchen\n[c1] command: take egg\n[c2] command: take milk"]
+    (run / "rollouts" / "iter_00001.jsonl").write_text(json.dumps({"transitions": [{"next_state": p} for p in pages]}))
     out = tmp_path / "signal.json"
     done = subprocess.run([sys.executable, str(script), str(run), "--out", str(out)], capture_output=True, text=True,
                           timeout=120)
@@ -395,6 +399,10 @@ def test_dream_signal_counts_the_groups_grpo_cannot_learn_from(tmp_path: Path) -
     assert (report["groups"], report["zero_variance_groups"], report["zero_variance_share"]) == (5, 3, 0.6)
     assert [r["zero_variance_groups"] for r in report["iterations"]] == [2, 1] and report["mean_success"] == 0.75
     assert report["wm2real"]["invalid_in_real"] == 3 and "3 of 4 replayed" in done.stdout
+    assert report["rollout_pages"] == {"pages": 2, "repeated_element_pages": 1}
+    (run / "rollouts" / "iter_00002.jsonl").write_text("{not json\n")
+    bad = subprocess.run([sys.executable, str(script), str(run)], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "iter_00002.jsonl:1: not a trajectory" in bad.stderr
     (run / "metrics.jsonl").write_text("{not json\n")
     for bad_run in (run, tmp_path / "missing"):
         bad = subprocess.run([sys.executable, str(script), str(bad_run)], capture_output=True, text=True, timeout=120)

@@ -149,6 +149,40 @@ def test_malformed_outputs_are_resampled_then_counted_failures(shop, offline) ->
     assert stats["failed"] == 1 and stats["resamples"] == 2 and stats["invalid_rate"] == 1.0
 
 
+class RepeatingLLM(ShopScriptLLM):
+    """Writes an item page that lists one element twice on its first ``repeats`` calls (the TextWorld dream's
+    defect: the item just taken offered five times), then the clean page."""
+
+    def __init__(self, repeats: int) -> None:
+        super().__init__()
+        self.repeats = repeats
+
+    def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Completion]:
+        out = super().generate(prompts, params)
+        if len(self.calls) > self.repeats:
+            return out
+        page = ITEM_PAGE + "\n[5] button: Buy Now"
+        return [Completion(text=format_target(page, 0.0, False, False, "because", ExperienceConfig().protocol_config()),
+                           token_ids=[], finish_reason="stop") for _ in out]
+
+
+def test_unique_elements_resamples_a_page_that_repeats_an_element(shop, offline) -> None:
+    env = dream_env(shop, offline, RepeatingLLM(repeats=1), max_resamples=2)  # off (the default): served as written
+    env.reset(seed=0)
+    obs, *_ = env.step("search[cotton shirt]")
+    assert obs.count("button: Buy Now") == 2
+    llm = RepeatingLLM(repeats=1)
+    env = dream_env(shop, offline, llm, max_resamples=2, unique_elements=True)
+    env.reset(seed=0)
+    obs, *_ = env.step("search[cotton shirt]")
+    assert obs.count("button: Buy Now") == 1 and llm.calls == [1, 1] and env.model.stats_dict()["resamples"] == 1
+    env = dream_env(shop, offline, RepeatingLLM(repeats=9), max_resamples=1, unique_elements=True)
+    first, _ = env.reset(seed=0)
+    obs, reward, term, _, info = env.step("search[cotton shirt]")  # never clean: the counted failure state
+    assert obs == first and reward == 0.0 and not term and info["dream_failure"] == "repeated_element"
+    assert env.model.stats_dict()["failed"] == 1
+
+
 def test_untrained_hf_model_never_breaks_the_dream(shop, offline, tmp_path: Path) -> None:
     from dreamgym.llm.tiny import init_tiny_model
     from dreamgym.types import write_jsonl

@@ -174,3 +174,17 @@ def test_cli_s2r_budget_continues_the_dream_run_in_the_real_env(setup: dict[str,
     assert json.loads(again.stdout.strip().splitlines()[-1])["real_transitions"] == s2r["real_transitions"]
     bad = CliRunner().invoke(app, ["train", "--env", "shop", "--out", str(setup["root"] / "x"), "--s2r-budget", "3"])
     assert bad.exit_code != 0 and "needs `dream`" in bad.output
+
+
+def test_dream_config_overrides_the_served_experience_config(setup: dict[str, Path], tmp_path: Path) -> None:
+    """``DreamConfig``'s serving overrides (the demo's ``dream``) reach the loaded M_exp; unset, experience.json's."""
+    from dreamgym.experience.dream import DreamConfig, load_dream
+
+    base = {"experience_model": str(setup["exp"]), "offline_data": [str(setup["offline"])]}
+    model, env, _ = load_dream(DreamConfig(**base, buffer=str(tmp_path / "b1")), "shop", SHOP)
+    assert not model.cfg.unique_elements and model.cfg.temperature == 0.0
+    env.close()
+    model, env, _ = load_dream(DreamConfig(**base, buffer=str(tmp_path / "b2"), unique_elements=True,
+                                           temperature=0.3), "shop", SHOP)
+    assert model.cfg.unique_elements and model.cfg.temperature == 0.3 and model.cfg.max_new_tokens == 16
+    env.close()

@@ -268,6 +268,8 @@ class DreamConfig(BaseModel):
     offline_data: list[str] = Field(default_factory=list, description="real trajectories: initial states, seeding")
     max_new_tokens: int | None = Field(default=None, ge=8, description="override experience.json")
     temperature: float | None = Field(default=None, ge=0, description="override experience.json")
+    unique_elements: bool | None = Field(default=None, description="override experience.json: a dreamt page that "
+                                         "lists one element twice is malformed (ExperienceConfig.unique_elements)")
     device: str = "cpu"
 
 
@@ -292,8 +294,8 @@ def load_dream(cfg: DreamConfig, env: str, env_kwargs: dict[str, Any], read_only
             if len(buffer) == 0:
                 buffer.add_trajectories(offline, iteration=-1)
     model = ExperienceModel.load(cfg.experience_model, buffer=buffer, device=cfg.device)
-    overrides = {k: v for k, v in (("max_new_tokens", cfg.max_new_tokens), ("temperature", cfg.temperature))
-                 if v is not None}
+    overrides = {k: v for k, v in (("max_new_tokens", cfg.max_new_tokens), ("temperature", cfg.temperature),
+                                   ("unique_elements", cfg.unique_elements)) if v is not None}
     if overrides:
         model.cfg = model.cfg.model_copy(update=overrides)
     return model, make(env, **env_kwargs), InitialStates.from_trajectories(offline)

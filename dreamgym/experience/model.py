@@ -36,6 +36,7 @@ from dreamgym.experience.protocol import (
     failure_prediction,
     fit_layout,
     parse_output,
+    repeats_element,
 )
 from dreamgym.experience.reward_head import RewardHead
 from dreamgym.llm.base import LLM, Completion, LLMConfig, Prompt, SamplingParams
@@ -67,6 +68,9 @@ class ExperienceConfig(BaseModel):
     top_p: float = Field(default=1.0, gt=0, le=1)
     max_resamples: int = Field(default=2, ge=0, description="resamples of a malformed output before the fallback")
     resample_temperature: float = Field(default=0.7, gt=0)
+    unique_elements: bool = Field(default=False, description="a next state that lists one element (type and text) "
+                                  "twice is malformed: resampled, then the failure state. For envs whose pages never "
+                                  "repeat one (TextWorld's: dreamt pages offered the item just taken five times)")
     retrieval_env: str | None = Field(default=None, description="retrieve only transitions of this env")
     env: str | None = Field(default=None, description="the env of the training data (its EnvSpec.trace_checker "
                             "serves ProtocolConfig.checked_verdicts)")
@@ -267,7 +271,11 @@ class ExperienceModel:
             for i, c in zip(pending, completions, strict=True):
                 parsed = parse_output(c.text, layouts[i], length_limited=c.finish_reason == "length",
                                       query=queries[i])
-                if parsed.prediction is not None:
+                if parsed.prediction is not None and self.cfg.unique_elements \
+                        and repeats_element(parsed.prediction.next_state):
+                    reasons[i] = "repeated_element"
+                    still.append(i)
+                elif parsed.prediction is not None:
                     results[i] = self._check(queries[i], parsed.prediction)
                     self.stats.add(parsed)
                 else:

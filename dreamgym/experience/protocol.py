@@ -93,7 +93,14 @@ FAILURE_REASONS: tuple[str, ...] = (
     "bad_success",
     "success_not_done",  # success=1 on a step that does not end the episode
     "bad_ref",  # copy_refs: a reference to a line or part the prompt does not have
+    "repeated_element",  # ExperienceConfig.unique_elements: the next state lists one element (type and text) twice
 )
+
+
+def repeats_element(state: str) -> bool:
+    """Whether ``state`` lists one ``[id] type: text`` element's type and text under two ids."""
+    seen = [(e.type, e.text) for e in map(Element.parse, state.splitlines()) if e is not None]
+    return len(seen) != len(set(seen))
 
 
 # ------------------------------------------------------------------------------------------ inputs
