@@ -45,8 +45,9 @@ def _iterations(path: Path) -> list[dict[str, Any]]:
 
 
 def repeated_pages(rollouts: Path) -> dict[str, int] | None:
-    """Next states in ``rollouts/*.jsonl`` and how many list one ``[id] type: text`` element's text twice."""
-    files = sorted(rollouts.glob("*.jsonl")) if rollouts.is_dir() else []
+    """Next states in ``rollouts/*.jsonl`` (or in the one file ``rollouts``) and how many list one ``[id] type:
+    text`` element's text twice."""
+    files = [rollouts] if rollouts.is_file() else sorted(rollouts.glob("*.jsonl")) if rollouts.is_dir() else []
     if not files:
         return None
     pages = repeated = 0
@@ -90,10 +91,17 @@ def signal(run: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path)
+    ap.add_argument("--data", type=Path, action="append", default=[],
+                    help="a trajectory JSONL (e.g. the real offline data) whose pages are counted the same way")
     ap.add_argument("--out", type=Path, help="the JSON report (default: print only)")
     args = ap.parse_args(argv)
     try:
         reports = [signal(run) for run in args.runs]
+        data = []
+        for path in args.data:
+            if not path.is_file():
+                raise BadInput(f"{path}: no such trajectory file")
+            data.append({"data": str(path), "pages": repeated_pages(path)})
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -104,9 +112,11 @@ def main(argv: list[str] | None = None) -> int:
               f"episodes take an action the real env rejects, real success {w.get('real_success_rate', '-')}"
               + (f"; {p['repeated_element_pages']} of {p['pages']} rollout pages list an element twice"
                  if (p := r["rollout_pages"]) else ""))
+    for d in data:
+        print(f"{d['data']}: {d['pages']['repeated_element_pages']} of {d['pages']['pages']} pages list an element twice")
     if args.out:
         cmd = "python benchmarks/dream_signal.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        args.out.write_text(json.dumps({"command": cmd, "runs": reports}, indent=2))
+        args.out.write_text(json.dumps({"command": cmd, "runs": reports, "data": data}, indent=2))
     return 0
 
 

@@ -220,8 +220,8 @@ def test_rows_and_seeds_parse() -> None:
     assert parse_rows("sft,ppo_real") == ("sft", "ppo_real")
     assert demo_config("micro").rows == list(DEFAULT_ROWS)  # the demo is unchanged
     cfg = demo_config("micro", {"rows": ["sft", "s2r", "no_replay"]})
-    assert active_stages(cfg) == ["collect", "annotate", "train_exp", "fidelity", "sft", "grpo_real", "dreamgym",
-                                  "s2r", "train_exp_no_replay", "no_replay"]
+    assert active_stages(cfg) == ["collect", "collect_extra", "annotate", "train_exp", "fidelity", "sft", "grpo_real",
+                                  "dreamgym", "s2r", "train_exp_no_replay", "no_replay"]  # the shop's extra behaviour
 
 
 def bench(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -287,7 +287,8 @@ def test_micro_bench_two_seeds_end_to_end_and_resumes(tmp_path: Path) -> None:
     assert data["baseline"]["policy"] == "random"
     for seed in ("seed0", "seed1"):  # how long each seed's demo took, stage by stage, and its M_exp's fidelity
         detail = data["seeds_detail"][seed]
-        assert set(detail["stage_seconds"]) == {"collect", "annotate", "train_exp", "sft", "grpo_real", "dreamgym"}
+        assert set(detail["stage_seconds"]) == {"collect", "collect_extra", "annotate", "train_exp", "sft", "grpo_real",
+                                                "dreamgym"}
         assert detail["total_seconds"] == pytest.approx(sum(detail["stage_seconds"].values()), abs=0.2)
     md = (out / "bench.md").read_text()
     assert "| SFT |" in md and "DreamGym" in md and "random policy" in md
@@ -300,7 +301,7 @@ def test_micro_bench_two_seeds_end_to_end_and_resumes(tmp_path: Path) -> None:
     markers = {p: p.stat().st_mtime_ns for p in out.glob("seed*/stages/*.json")}
     again = bench(out, "--seeds", "0,1", "--rows", "sft,grpo_real,dreamgym", *SMALL)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stderr.count("cached") == 2 * 6  # collect, annotate, train_exp, sft, grpo_real, dreamgym per seed
+    assert again.stderr.count("cached") == 2 * 7  # collect, collect_extra, annotate, train_exp, sft, grpo_real, dreamgym
     assert {p: p.stat().st_mtime_ns for p in out.glob("seed*/stages/*.json")} == markers
     assert json.loads((out / "bench.json").read_text())["rows"] == data["rows"]
 
@@ -400,6 +401,9 @@ def test_dream_signal_counts_the_groups_grpo_cannot_learn_from(tmp_path: Path) -
     assert [r["zero_variance_groups"] for r in report["iterations"]] == [2, 1] and report["mean_success"] == 0.75
     assert report["wm2real"]["invalid_in_real"] == 3 and "3 of 4 replayed" in done.stdout
     assert report["rollout_pages"] == {"pages": 2, "repeated_element_pages": 1}
+    data = subprocess.run([sys.executable, str(script), str(run), "--data", str(run / "rollouts" / "iter_00001.jsonl"),
+                           "--data", str(tmp_path / "nothing.jsonl")], capture_output=True, text=True, timeout=120)
+    assert data.returncode == 2 and "nothing.jsonl: no such trajectory file" in data.stderr
     (run / "rollouts" / "iter_00002.jsonl").write_text("{not json\n")
     bad = subprocess.run([sys.executable, str(script), str(run)], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "iter_00002.jsonl:1: not a trajectory" in bad.stderr

@@ -56,7 +56,7 @@ def test_micro_demo_end_to_end_and_cached_rerun(tmp_path: Path) -> None:
     mtimes = {p: p.stat().st_mtime_ns for p in (out / "stages").glob("*.json")}
     again = run_demo(out)
     assert again.returncode == 0
-    assert again.stderr.count("cached") == 8  # every stage served from its marker: nothing is retrained
+    assert again.stderr.count("cached") == 9  # every stage served from its marker: nothing is retrained
     assert {p: p.stat().st_mtime_ns for p in (out / "stages").glob("*.json")} == mtimes
     assert json.loads((out / "table.json").read_text())["rows"] == table["rows"]
     # budgets are epochs/iterations; the micro profile sets no time cap, and the summaries say none fired
@@ -71,11 +71,11 @@ def test_micro_demo_end_to_end_and_cached_rerun(tmp_path: Path) -> None:
     assert (out / "demo_config.yaml").read_text() == config  # the evidence is kept
     forced = run_demo(out, "--set", "dream_iterations=1", "--force")
     assert forced.returncode == 0, forced.stderr[-3000:]
-    assert forced.stderr.count("cached") == 6  # collect ... GRPO-real reused; DreamGym and S2R (its dependent) redone
+    assert forced.stderr.count("cached") == 7  # collect ... GRPO-real reused; DreamGym and S2R (its dependent) redone
     redone = {p.stem for p, t in mtimes.items() if p.stat().st_mtime_ns != t}
     assert redone == {"dreamgym", "s2r"}
     assert json.loads((out / "dreamgym" / "summary.json").read_text())["iterations"] == 1
-    assert run_demo(out, "--set", "dream_iterations=1").stderr.count("cached") == 8
+    assert run_demo(out, "--set", "dream_iterations=1").stderr.count("cached") == 9
 
 
 def test_demo_config_layers_profile_file_and_overrides(tmp_path: Path) -> None:
