@@ -339,8 +339,9 @@ STAGES: dict[str, Stage] = {
 
 
 def active_stages(cfg: DemoConfig) -> list[str]:
-    """The stages ``cfg`` runs, in :data:`STAGES` order: collect, annotate, train_exp, fidelity (when
-    ``heldout_episodes``), sft, and the rows' stages with the stages they need."""
+    """The stages ``cfg`` runs, in :data:`STAGES` order: collect, collect_extra (when ``extra_behaviour`` and no
+    ``offline_file``), annotate, train_exp, fidelity (when ``heldout_episodes``), sft, and the rows' stages with the
+    stages they need."""
     wanted = {"collect", "annotate", "train_exp", "sft", *cfg.rows}
     if cfg.extra_behaviour and cfg.offline_file is None:
         wanted.add("collect_extra")
