@@ -47,6 +47,8 @@ def _iterations(path: Path) -> list[dict[str, Any]]:
 def repeated_pages(rollouts: Path) -> dict[str, int] | None:
     """Next states in ``rollouts/*.jsonl`` (or in the one file ``rollouts``) and how many list one ``[id] type:
     text`` element's text twice."""
+    from dreamgym.experience.protocol import repeats_element
+
     files = [rollouts] if rollouts.is_file() else sorted(rollouts.glob("*.jsonl")) if rollouts.is_dir() else []
     if not files:
         return None
@@ -60,10 +62,8 @@ def repeated_pages(rollouts: Path) -> dict[str, int] | None:
             except (json.JSONDecodeError, KeyError, TypeError) as e:
                 raise BadInput(f"{path}:{n}: not a trajectory ({e})") from None
             for x in transitions:
-                lines = [ln.split("] ", 1)[1] for ln in str(x.get("next_state", "")).splitlines()
-                         if ln.startswith("[") and "] " in ln]
                 pages += 1
-                repeated += len(lines) != len(set(lines))
+                repeated += repeats_element(str(x.get("next_state", "")))
     return {"pages": pages, "repeated_element_pages": repeated}
 
 

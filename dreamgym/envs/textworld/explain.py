@@ -16,11 +16,11 @@ from __future__ import annotations
 import re
 
 from dreamgym.envs.explain_diff import ParsedState, explain_text_trajectory
+from dreamgym.envs.textworld.policies import PREPARE
 from dreamgym.types import Explanation, Trajectory, Transition
 
 ELEMENT_TYPES = ("carrying", "command")  # the feedback is new text: the model writes it, the trace does not
 ROOM_TYPES = frozenset({"command"})  # what a room change replaces (the inventory travels along)
-PREPARE = "prepare meal"
 _TAKE = re.compile(r"^take (.+?)(?: from .+)?$")
 
 

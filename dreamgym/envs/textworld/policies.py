@@ -109,8 +109,9 @@ class HastyPolicy(NoisyPolicy):
 
 def _last_take(plan: list[str]) -> bool:
     """Whether ``plan[0]`` is the walkthrough's last ``take`` before ``prepare meal``."""
-    rest = plan[1:plan.index(PREPARE)] if PREPARE in plan else []
-    return PREPARE in plan and not any(a.startswith("take ") for a in rest)
+    if PREPARE not in plan:
+        return False
+    return not any(a.startswith("take ") for a in plan[1:plan.index(PREPARE)])
 
 
 def make_policy(name: str, seed: int = 0, **kwargs: Any) -> ScriptedPolicy:
