@@ -29,7 +29,8 @@ import yaml
 
 KEYS = ("terminal_reward_accuracy", "terminal_reward_majority_baseline", "done_accuracy", "done_majority_baseline",
         "reward_majority_baseline",
-        "reward_accuracy", "invalid_output_rate", "next_state_f1", "click_consistency", "reward_consistency")
+        "reward_accuracy", "invalid_output_rate", "next_state_f1", "click_consistency", "reward_consistency",
+        "repeated_element_rate", "repeated_element_real_rate")
 
 
 def budget_of(seed_dir: Path, seed: int, trained_cap: bool = True) -> tuple[int, int]:

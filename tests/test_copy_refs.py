@@ -205,3 +205,46 @@ def test_training_fits_each_prompt_with_the_target_its_layout_needs(tmp_path) ->
     # the served budget is met first, with the layout's own target
     [fitted], counts = fit_examples(tok, [(search, ex)], cfg, False, n[0] + t[0], served_budget=n[0] - 1)
     assert fitted == SFTExample(build_prompt_text(search, layouts[1]), retarget(full, search, cfg, layouts[1]))
+
+
+TW_STATE = "\n".join([
+    "location: Kitchen",
+    "[i1] carrying: a cookbook",
+    "[c1] command: drop cookbook",
+    "[c2] command: open fridge",
+    "[c3] command: take red bell pepper from fridge",
+])
+TW_NEXT = "\n".join([
+    "location: Kitchen",
+    "[i1] carrying: a red bell pepper",
+    "[i2] carrying: a cookbook",
+    "[c1] command: drop cookbook",
+    "[c2] command: drop red bell pepper",
+    "[c3] command: open fridge",
+])
+
+
+def test_element_refs_point_at_a_renumbered_element_by_its_id() -> None:
+    """A page whose ids are positions renumbers what a new element precedes: with element_refs each kept element is
+    '[new] @[old]', so only the new elements are written out."""
+    cfg = REFS.model_copy(update={"element_refs": True})
+    ctx = ref_context(query(TW_STATE, "take red bell pepper from fridge"), cfg)
+    encoded = encode_refs(TW_NEXT, ctx)
+    assert encoded.splitlines() == [
+        "@1", "[i1] carrying: a red bell pepper",
+        "[i2] @[i1]", "@3", "[c2] command: drop red bell pepper", "[c3] @[c2]"]
+    assert expand_refs(encoded, ctx) == TW_NEXT
+    assert "@[" not in encode_refs(TW_NEXT, ref_context(query(TW_STATE, "x"), REFS))  # off: the rule before
+    assert expand_refs("[c9] @[c7]", ctx) is None  # an id the state does not show: bad_ref
+    assert expand_refs("[c9] @@[c2]", ctx) == "[c9] @[c2]"  # a literal @ is doubled, so never an element ref
+    assert "[c4] @[c2]" in cfg.system_text()
+
+
+def test_element_refs_round_trip_any_text() -> None:
+    rng = random.Random(1)
+    pieces = ["[c1] command: drop cookbook", "[c7] command: open fridge", "[i2] carrying: a cookbook", "@[c1]",
+              "[c4] @[c2]", "[x@y] command: open fridge", "[c5] command:", "@", "@@", "\n", "\n", "@2"]
+    ctx = RefContext.of(TW_STATE + "\n[x@y] command: odd", None, (), element_refs=True)
+    for _ in range(300):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 8))).strip() or "x"
+        assert expand_refs(encode_refs(text, ctx), ctx) == "\n".join(line.strip() for line in text.splitlines()), text

@@ -277,3 +277,31 @@ def test_judge_counts_unparsable_answers_and_averages_the_rest() -> None:
     assert judge.calls == 2
     assert out["judged"] == 2 and out["unparsable"] == 1 and out["causal_consistency"] == 2.0
     assert out["hallucination"] == 0.0
+
+
+class PageLLM:
+    """Answers every step with one fixed page."""
+
+    def __init__(self, page: str) -> None:
+        self.text = f"<state>\n{page}\n</state>\n<reward>0.00</reward> <done>0</done> <success>0</success>"
+
+    def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Completion]:
+        return [Completion(text=self.text, token_ids=[], finish_reason="stop") for _ in prompts]
+
+    def generate_ids(self, prompt_ids: Sequence[list[int]], params: SamplingParams) -> list[Completion]:
+        raise NotImplementedError
+
+
+def test_the_report_counts_dreamt_pages_that_list_an_element_twice(shop) -> None:
+    """Token F1 barely moves when a page lists one element twice; the report counts such pages beside the real ones."""
+    from dreamgym.experience.fidelity import evaluate_experience_model, format_report
+    from dreamgym.experience.model import ExperienceConfig, ExperienceModel
+    from dreamgym.experience.protocol import ProtocolConfig
+
+    trajs = list(iter_episodes(shop, shop.scripted_policy("noisy", seed=0), 2, split="test", seed=0))
+    cfg = ExperienceConfig.from_protocol(ProtocolConfig(k=0, reasoning=False))
+    twice = evaluate_experience_model(ExperienceModel(PageLLM(ITEM + "\n[10] button: Buy Now"), cfg), trajs)
+    once = evaluate_experience_model(ExperienceModel(PageLLM(ITEM), cfg), trajs)
+    assert twice["repeated_element_rate"] == 1.0 and once["repeated_element_rate"] == 0.0
+    assert twice["repeated_element_real_rate"] == once["repeated_element_real_rate"] == 0.0
+    assert "repeated_element_rate (valid pages)" in format_report(twice)

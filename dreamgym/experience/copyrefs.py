@@ -22,7 +22,13 @@ References (every literal ``@`` of the text is written ``@@``, so a reference ca
   for parts with a digit (ids, prices, counts: what a page's layout does not predict; a button's label it does,
   and its line number varies from page to page, so pointing at it would be the harder thing to learn).
   The index is never left out, so a reference always ends where its digits do. Parts are the pieces between `` — ``, `` | `` and ``: ``, e.g. ``B0N38ATR — Torzu Sheets | $42.37``
-  has parts ``B0N38ATR``, ``Torzu Sheets``, ``$42.37``.
+  has parts ``B0N38ATR``, ``Torzu Sheets``, ``$42.37``;
+* an element under a new id (``RefContext.element_refs``), a whole line: ``[c4] @[c2]`` is STATE element ``[c2]``'s
+  ``type: text`` under id ``c4``. A page whose ids are positions (TextWorld's ``[c1]..[c16]`` commands) renumbers
+  every element a new one precedes, so no line of it equals a STATE line; written out, a tiny model loses which
+  element it was copying: after a ``take`` it wrote the new item's commands a second time where the carried
+  item's belong, and 101 of 170 val pages listed an element twice (real pages: 0). Pointed at by id, the kept
+  elements are a rising sequence of ids in the prompt, and the new ones are the only text to write.
 
 :func:`encode_refs` turns a real target into this form (longest source first, TARGET before STATE lines before
 the neighbour, so the encoding of a given prompt is unique); :func:`expand_refs` inverts it and returns None
@@ -41,6 +47,7 @@ from dreamgym.envs.base import Element
 _PART_SEP = re.compile(r"\s+—\s+|\s+\|\s+|:\s+")
 _WHOLE_LINE = re.compile(r"@(?:n(\d+):)?(\d+)(?:(-)(\d*))?")
 _INLINE = re.compile(r"@@|@T\.(\d+)|@(\d+)\.(\d+)")
+_ELEMENT_REF = re.compile(r"\[([^\]\n]+)\] @\[([^\]\n]+)\]")
 _DIGIT = re.compile(r"\d")
 MIN_PART_CHARS = 3  # shorter parts (a size "m", a unit) are cheaper to write than to point at
 
@@ -63,11 +70,32 @@ class RefContext:
     state_lines: tuple[str, ...]
     target: str | None = None
     neighbour_lines: tuple[tuple[str, ...], ...] = ()
+    element_refs: bool = False  # encode an element STATE shows under another id as ``[new] @[old]``
 
     @classmethod
-    def of(cls, state: str, target: str | None, neighbour_next_states: tuple[str, ...] = ()) -> RefContext:
+    def of(cls, state: str, target: str | None, neighbour_next_states: tuple[str, ...] = (),
+           element_refs: bool = False) -> RefContext:
         lines = tuple(line.strip() for line in state.strip().splitlines())
-        return cls(lines, target, tuple(tuple(s.strip() for s in n.strip().splitlines()) for n in neighbour_next_states))
+        neighbours = tuple(tuple(s.strip() for s in n.strip().splitlines()) for n in neighbour_next_states)
+        return cls(lines, target, neighbours, element_refs)
+
+    @cached_property
+    def elements(self) -> dict[str, Element]:
+        """STATE's elements by id (the first, should a dreamt state repeat an id)."""
+        out: dict[str, Element] = {}
+        for line in self.state_lines:
+            element = Element.parse(line)
+            if element is not None:
+                out.setdefault(element.id, element)
+        return out
+
+    @cached_property
+    def element_ids(self) -> dict[tuple[str, str], str]:
+        """(type, text) -> the id STATE shows it under (the first)."""
+        out: dict[tuple[str, str], str] = {}
+        for element in self.elements.values():
+            out.setdefault((element.type, element.text), element.id)
+        return out
 
     def inline_sources(self) -> list[tuple[str, str]]:
         """(reference, text) pairs for inline use, longest text first; among equal lengths TARGET before STATE."""
@@ -111,10 +139,19 @@ def encode_inline(text: str, ctx: RefContext) -> str:
     return "".join(out)
 
 
+def _element_ref(line: str, ctx: RefContext) -> str | None:
+    """``[new] @[old]`` for a line showing a STATE element under another id (``ctx.element_refs``), else None."""
+    element = Element.parse(line) if ctx.element_refs else None
+    old = None if element is None else ctx.element_ids.get((element.type, element.text))
+    if element is None or old is None or "@" in element.id or element.render() != line.strip():
+        return None  # an id with a literal @, or a line the element does not render exactly, is written out
+    return f"[{element.id}] @[{old}]"
+
+
 def encode_refs(state: str, ctx: RefContext) -> str:
     """A next state in reference form: lines equal to a STATE line (else, when the whole page is neighbour 1's, to
-    its lines) become whole-line references, consecutive ones merged into ranges; the other lines get inline
-    references."""
+    its lines) become whole-line references, consecutive ones merged into ranges; with ``ctx.element_refs`` a line
+    showing a STATE element under another id becomes ``[new] @[old]``; the other lines get inline references."""
     where: dict[str, str] = {}
     for n, line in enumerate(ctx.state_lines, start=1):
         where.setdefault(line, f"{n}")
@@ -136,7 +173,7 @@ def encode_refs(state: str, ctx: RefContext) -> str:
         if ref is None:
             flush()
             run = None
-            out.append(encode_inline(line, ctx))
+            out.append(_element_ref(line, ctx) or encode_inline(line, ctx))
             continue
         prefix, _, num = ref.rpartition(":")
         prefix = f"{prefix}:" if prefix else ""
@@ -191,6 +228,13 @@ def expand_refs(state: str, ctx: RefContext) -> str | None:
             if not 1 <= first <= last <= len(source):
                 return None
             lines += source[first - 1 : last]
+            continue
+        element_ref = _ELEMENT_REF.fullmatch(line.strip())
+        if element_ref is not None:  # never literal text: a literal @ is written @@
+            element = ctx.elements.get(element_ref.group(2))
+            if element is None:
+                return None
+            lines.append(f"[{element_ref.group(1)}] {element.type}: {element.text}")
             continue
         expanded = expand_inline(line, ctx)
         if expanded is None:

@@ -164,6 +164,7 @@ COPY_REFS_INSTRUCTION = (
     "for line 2 of similar transition (1)'s next state; inline, '@T.0' is the TARGET element's text and '@T.1', "
     "'@T.2', ... its parts between ' — ', ' | ' and ': ', '@4.1' a part of STATE line 4; write a literal @ as @@."
 )
+ELEMENT_REFS_INSTRUCTION = "A line '[c4] @[c2]' is STATE element [c2] under the id c4."
 
 
 class ProtocolConfig(BaseModel):
@@ -190,6 +191,10 @@ class ProtocolConfig(BaseModel):
     # model whose prompt lost its exact neighbour was still taught to write '@n1:...', and the dream pasted in
     # whatever its retrieved neighbour's page was.
     layout_refs: bool = True
+    # With copy_refs, an element the STATE shows under another id is written '[c4] @[c2]' (its type and text
+    # copied, dreamgym.experience.copyrefs): for pages whose ids are positions, where a new element renumbers the
+    # ones after it. False, the rule of models trained before 2026-12-06 (session 21).
+    element_refs: bool = False
     # A neighbour recorded in the query's task with its state and action is headed "(i) same task, state and action",
     # and in training an example may retrieve another trajectory's copy of its own transition
     # (dreamgym.experience.train.exp_queries). The dream meets such exact neighbours on the steps of a real task that
@@ -218,6 +223,7 @@ class ProtocolConfig(BaseModel):
             return self.system_prompt
         text = DEFAULT_SYSTEM_PROMPT.format(think=THINK_INSTRUCTION if self.reasoning else "")
         text = f"{text} {COPY_REFS_INSTRUCTION}" if self.copy_refs else text
+        text = f"{text} {ELEMENT_REFS_INSTRUCTION}" if self.copy_refs and self.element_refs else text
         text = f"{text} {EXACT_NEIGHBOURS_INSTRUCTION}" if self.exact_neighbours else text
         return f"{text} {SAME_ACTION_INSTRUCTION}" if self.same_action_neighbours else text
 
@@ -456,7 +462,7 @@ def ref_context(query: ExperienceQuery, cfg: ProtocolConfig) -> RefContext:
     the prompt in layout ``cfg`` shows them (cut as :func:`build_user_text` cuts them)."""
     target = action_target(query.state, query.action) if cfg.ground_action else None
     neighbours = tuple(truncate_lines(n.next_state, cfg.max_neighbour_chars) for n in query.retrieved[: cfg.k])
-    return RefContext.of(truncate_lines(query.state, cfg.max_state_chars), target, neighbours)
+    return RefContext.of(truncate_lines(query.state, cfg.max_state_chars), target, neighbours, cfg.element_refs)
 
 
 def _refs_target(next_state: str, reward: float, done: bool, success: bool, reasoning: str | None,
