@@ -27,7 +27,7 @@ References (every literal ``@`` of the text is written ``@@``, so a reference ca
   ``type: text`` under id ``c4``. A page whose ids are positions (TextWorld's ``[c1]..[c16]`` commands) renumbers
   every element a new one precedes, so no line of it equals a STATE line; written out, a tiny model loses which
   element it was copying: after a ``take`` it wrote the new item's commands a second time where the carried
-  item's belong, and 101 of 170 val pages listed an element twice (real pages: 0). Pointed at by id, the kept
+  item's belong, and 101 of 163 valid val pages listed an element twice (real pages: 0). Pointed at by id, the kept
   elements are a rising sequence of ids in the prompt, and the new ones are the only text to write.
 
 :func:`encode_refs` turns a real target into this form (longest source first, TARGET before STATE lines before

@@ -157,7 +157,7 @@ def evaluate_experience_model(
     report["reasoning_exact"] = (sum(p.failure is None and a.strip() == (p.reasoning or "").strip() for a, p in traced)
                                  / len(traced) if traced else None)  # an invalid output is wrong here too
     # A page listing one element twice is no page the env writes, and token F1 barely sees it (a TextWorld M_exp
-    # that repeated the new item's commands in place of the carried one's scored F1 0.76 with 59% of its pages so).
+    # that repeated the new item's commands in place of the carried one's scored F1 0.75 on val with 62% of its pages so).
     valid = [(traj.transitions[t].next_state, p) for (traj, t), (_, p) in zip(steps, answers, strict=True)
              if p.failure is None]
     report["repeated_element_rate"] = (sum(repeats_element(p.next_state) for _, p in valid) / len(valid)
