@@ -238,6 +238,8 @@ def test_element_refs_point_at_a_renumbered_element_by_its_id() -> None:
     assert expand_refs("[c9] @[c7]", ctx) is None  # an id the state does not show: bad_ref
     assert expand_refs("[c9] @@[c2]", ctx) == "[c9] @[c2]"  # a literal @ is doubled, so never an element ref
     assert "[c4] @[c2]" in cfg.system_text()
+    with pytest.raises(ValueError, match="set copy_refs too"):  # alone it would change nothing: refused
+        ProtocolConfig(element_refs=True)
 
 
 def test_element_refs_round_trip_any_text() -> None:

@@ -39,7 +39,7 @@ text (tested).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from dreamgym.envs.base import Element
@@ -234,7 +234,7 @@ def expand_refs(state: str, ctx: RefContext) -> str | None:
             element = ctx.elements.get(element_ref.group(2))
             if element is None:
                 return None
-            lines.append(f"[{element_ref.group(1)}] {element.type}: {element.text}")
+            lines.append(replace(element, id=element_ref.group(1)).render())
             continue
         expanded = expand_inline(line, ctx)
         if expanded is None:

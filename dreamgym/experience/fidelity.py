@@ -158,11 +158,10 @@ def evaluate_experience_model(
                                  / len(traced) if traced else None)  # an invalid output is wrong here too
     # A page listing one element twice is no page the env writes, and token F1 barely sees it (a TextWorld M_exp
     # that repeated the new item's commands in place of the carried one's scored F1 0.75 on val with 62% of its pages so).
-    valid = [(traj.transitions[t].next_state, p) for (traj, t), (_, p) in zip(steps, answers, strict=True)
-             if p.failure is None]
-    report["repeated_element_rate"] = (sum(repeats_element(p.next_state) for _, p in valid) / len(valid)
+    valid = [r for r in records if r.prediction.failure is None]
+    report["repeated_element_rate"] = (sum(repeats_element(r.prediction.next_state) for r in valid) / len(valid)
                                        if valid else None)
-    report["repeated_element_real_rate"] = (sum(repeats_element(real) for real, _ in valid) / len(valid)
+    report["repeated_element_real_rate"] = (sum(repeats_element(r.gold.next_state) for r in valid) / len(valid)
                                             if valid else None)
     report["seconds"] = round(seconds, 1)
     report["steps_per_s"] = round(len(steps) / seconds, 2) if seconds > 0 else None

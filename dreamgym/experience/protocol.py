@@ -63,7 +63,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dreamgym.envs.base import TRUNCATION_MARK, Element
 from dreamgym.experience.copyrefs import RefContext, encode_inline, encode_refs, expand_inline, expand_refs
@@ -217,6 +217,12 @@ class ProtocolConfig(BaseModel):
     # No: from the shipped base, 3 seeds on val, nothing moves (terminal reward accuracy -0.011 +- 0.046, the task's
     # attributes still right in 0 of 31; benchmarks/results/task_reading_val.json). Off.
     task_last: bool = False
+
+    @model_validator(mode="after")
+    def _element_refs_need_copy_refs(self) -> ProtocolConfig:
+        if self.element_refs and not self.copy_refs:
+            raise ValueError("element_refs is a kind of copy reference: set copy_refs too")
+        return self
 
     def system_text(self) -> str:
         if self.system_prompt is not None:
