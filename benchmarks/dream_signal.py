@@ -9,7 +9,10 @@ Per iteration: the rollouts' success, the share of groups with zero reward varia
 policy's per-token entropy; per run, the same over all iterations, the run's wm2real replay (dreamt episodes'
 actions replayed in the real env), where it has one, and how many of its rollouts' next states (``rollouts/``) list
 one element twice (the same ``type: text`` line under two ids: on TextWorld a dreamt page that offers the item just
-taken five times; the real game's pages never do).
+taken five times; the real game's pages never do). On TextWorld the rollouts' ``prepare meal`` steps are also
+counted by whether every ingredient of the task's recipe was carried and whether the next page made the meal: the
+real game makes it exactly when none is missing, so a meal made with one missing is a reward the real game never pays
+(``--data`` on real episodes checks the count: 0 such meals there).
 """
 
 from __future__ import annotations
@@ -44,12 +47,16 @@ def _iterations(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _files(rollouts: Path) -> list[Path]:
+    return [rollouts] if rollouts.is_file() else sorted(rollouts.glob("*.jsonl")) if rollouts.is_dir() else []
+
+
 def repeated_pages(rollouts: Path) -> dict[str, int] | None:
     """Next states in ``rollouts/*.jsonl`` (or in the one file ``rollouts``) and how many list one ``[id] type:
     text`` element's text twice."""
     from dreamgym.experience.protocol import repeats_element
 
-    files = [rollouts] if rollouts.is_file() else sorted(rollouts.glob("*.jsonl")) if rollouts.is_dir() else []
+    files = _files(rollouts)
     if not files:
         return None
     pages = repeated = 0
@@ -65,6 +72,27 @@ def repeated_pages(rollouts: Path) -> dict[str, int] | None:
                 pages += 1
                 repeated += repeats_element(str(x.get("next_state", "")))
     return {"pages": pages, "repeated_element_pages": repeated}
+
+
+def meal_verdicts(rollouts: Path) -> dict[str, int] | None:
+    """TextWorld's ``prepare meal`` steps in ``rollouts`` by (every recipe ingredient carried, meal made); None where
+    no episode's task names a recipe or no step prepares a meal."""
+    from dreamgym.envs.textworld.explain import meal_outcome, recipe_ingredients
+    from dreamgym.types import DataError, read_trajectories
+
+    counts = {"ready_made": 0, "ready_refused": 0, "missing_made": 0, "missing_refused": 0}
+    for path in _files(rollouts):
+        try:
+            for traj in read_trajectories(path):
+                if not (needed := recipe_ingredients(traj.task.instruction)):
+                    continue
+                for x in traj.transitions:
+                    if (outcome := meal_outcome(x, needed)) is not None:
+                        ready, made = outcome
+                        counts[f"{'ready' if ready else 'missing'}_{'made' if made else 'refused'}"] += 1
+        except DataError as e:
+            raise BadInput(str(e)) from None
+    return counts if any(counts.values()) else None
 
 
 def signal(run: Path) -> dict[str, Any]:
@@ -85,7 +113,16 @@ def signal(run: Path) -> dict[str, Any]:
             "mean_success": round(statistics.fmean(successes), 4) if successes else None,
             "groups": groups, "zero_variance_groups": flat,
             "zero_variance_share": round(flat / groups, 4) if groups else None,
-            "wm2real": summary.get("wm2real"), "rollout_pages": repeated_pages(run / "rollouts")}
+            "wm2real": summary.get("wm2real"), "rollout_pages": repeated_pages(run / "rollouts"),
+            "meals": meal_verdicts(run / "rollouts")}
+
+
+def _meals_text(m: dict[str, int] | None) -> str:
+    if not m:
+        return ""
+    missing = m["missing_made"] + m["missing_refused"]
+    return (f"; meals made with an ingredient missing {m['missing_made']} of {missing} such prepares (the real game: 0), "
+            f"with none missing {m['ready_made']} of {m['ready_made'] + m['ready_refused']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in args.data:
             if not path.is_file():
                 raise BadInput(f"{path}: no such trajectory file")
-            data.append({"data": str(path), "pages": repeated_pages(path)})
+            data.append({"data": str(path), "pages": repeated_pages(path), "meals": meal_verdicts(path)})
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -111,9 +148,10 @@ def main(argv: list[str] | None = None) -> int:
               f"of {r['groups']}; wm2real: {w.get('invalid_in_real', '-')} of {w.get('episodes', '-')} replayed "
               f"episodes take an action the real env rejects, real success {w.get('real_success_rate', '-')}"
               + (f"; {p['repeated_element_pages']} of {p['pages']} rollout pages list an element twice"
-                 if (p := r["rollout_pages"]) else ""))
+                 if (p := r["rollout_pages"]) else "") + _meals_text(r["meals"]))
     for d in data:
-        print(f"{d['data']}: {d['pages']['repeated_element_pages']} of {d['pages']['pages']} pages list an element twice")
+        print(f"{d['data']}: {d['pages']['repeated_element_pages']} of {d['pages']['pages']} pages list an element twice"
+              + _meals_text(d["meals"]))
     if args.out:
         cmd = "python benchmarks/dream_signal.py " + " ".join(sys.argv[1:] if argv is None else argv)
         args.out.write_text(json.dumps({"command": cmd, "runs": reports, "data": data}, indent=2))

@@ -1,8 +1,10 @@
-"""Choose an RL setting on the shop's val split (issue 13: settings are chosen on val, test is for final tables).
+"""Choose an RL setting on the val split (issue 13: settings are chosen on val, test is for final tables).
 
-Each value of ``--field`` trains from the same SFT policy with the demo's RL settings (``DemoConfig().rl``) and the
-same seed, on the shop's train split with ``val_fraction=0.1``, and is evaluated greedily on ``--eval-episodes``
-val tasks: the same tasks for every value of a seed, so the values pair task by task with the first one.
+Each value of ``--field`` trains from the same SFT policy with the same seed and is evaluated greedily on
+``--eval-episodes`` val tasks: the same tasks for every value of a seed, so the values pair task by task with the
+first one. The RL settings are the demo's (``DemoConfig().rl``) on the shop's train split with ``val_fraction=0.1``,
+or with ``--config`` a YAML of RLConfig fields (e.g. a bench row's ``config.yaml``: its env, env_kwargs and, for a
+dream row, its dream), with ``--env-arg`` overriding env_kwargs (e.g. more val games).
 
     # GRPO-real from the on-path cloned policy, against that policy itself (--against-start)
     .venv/bin/python benchmarks/rl_val.py --init runs/onpath/p-s0 --field iterations --values 6 --seeds 0 1 2 \
@@ -24,6 +26,10 @@ val tasks: the same tasks for every value of a seed, so the values pair task by 
         --values episode step --seeds 0 1 2 --out benchmarks/results/rl_val_invalid_penalty.json
     .venv/bin/python benchmarks/rl_val.py --init runs/bench/seed0/sft --field lr --values 1e-4 1e-3 3e-3 \
         --seeds 0 --out benchmarks/results/rl_val_lr.json
+    # TextWorld GRPO-real from the bench's SFT policy, with the bench row's settings, on 100 val games
+    .venv/bin/python benchmarks/rl_val.py --config configs/textworld-rl-val.yaml --init runs/twe/seed0/sft \
+        --env-arg num_val_games=100 --field lr --values 1e-4 1e-3 --seeds 0 1 2 --against-start \
+        --eval-episodes 100 --work runs/rl_val_tw --out benchmarks/results/rl_val_textworld_lr.json
 
 Writes ``--out`` (with the command): per value the val success and mean reward (mean with a 95% bootstrap CI over
 seeds, then tasks) and the difference from the first value, paired on the same tasks, with its CI and the sign
@@ -37,7 +43,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -45,6 +51,7 @@ from dreamgym.pipeline import DemoConfig
 from dreamgym.rl.evaluate import EVAL_TASKS, EVAL_TASKS_START
 from dreamgym.rl.trainer import RLConfig, train
 from dreamgym.stats import bootstrap_ci, paired_bootstrap_ci, sign_test
+from dreamgym.types import DataError, read_yaml_mapping
 
 VAL_ENV = {"val_fraction": 0.1}  # the shop's env_kwargs with a val split
 
@@ -54,15 +61,14 @@ def run(args: argparse.Namespace, value: Any, seed: int, start: bool = False) ->
     fixed = "".join(f"+{k}={v}" for k, v in args.fixed.items())
     out = args.work / f"{args.field}={value}{fixed}-s{seed}"
     if not (out / "summary.json").exists():
-        cfg = RLConfig.model_validate({**DemoConfig().rl, "env": "shop", "env_kwargs": VAL_ENV,
-                                       "init": str(args.init), "seed": seed, "iterations": args.iterations,
+        cfg = RLConfig.model_validate({**args.base, "init": str(args.init), "seed": seed, "iterations": args.iterations,
                                        "eval_split": "val", "eval_episodes": args.eval_episodes, "eval_every": 0,
                                        **args.fixed, args.field: value})
         train(cfg, out, resume=(out / "checkpoint").exists())
     return list(json.loads((out / (EVAL_TASKS_START if start else EVAL_TASKS)).read_text())["per_task"])
 
 
-def seen_val_targets(init: Path) -> dict[str, int] | None:
+def seen_val_targets(init: Path, env_name: str) -> dict[str, int] | None:
     """How many of the val tasks' target products the init policy was cloned on (its ``summary.json``'s ``data``
     files), or None when the init does not say what it was trained on. A policy whose SFT data ran without
     ``val_fraction`` has seen every val target: val then measures settings on seen products, not held-out ones."""
@@ -71,6 +77,8 @@ def seen_val_targets(init: Path) -> dict[str, int] | None:
 
     summary = init / "summary.json"
     files = json.loads(summary.read_text()).get("data") if summary.is_file() else None
+    if env_name != "shop":
+        return None
     if not files or not all(Path(f).is_file() for f in files):
         return None
     seen = {str(t.task.goal.get("asin")) for f in files for t in read_trajectories(f) if t.task.goal}
@@ -78,6 +86,12 @@ def seen_val_targets(init: Path) -> dict[str, int] | None:
     val = {str(t.goal.get("asin")) for t in env.tasks("val") if t.goal}
     env.close()
     return {"val_targets": len(val), "seen_in_init_data": len(val & seen)}
+
+
+def fail(message: str) -> NoReturn:
+    """Bad input: the one-line message, exit 2."""
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
 
 
 def main() -> None:
@@ -88,22 +102,43 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--against-start", action="store_true",
                     help="the reference is the initial policy (each run's start evaluation, the same val tasks)")
-    ap.add_argument("--iterations", type=int, default=DemoConfig().rl["iterations"])
+    ap.add_argument("--config", type=Path, default=None,
+                    help="YAML of RLConfig fields (env, env_kwargs, dream, ...) instead of the demo's shop settings")
+    ap.add_argument("--env-arg", dest="env_args", action="append", default=[], metavar="KEY=VALUE",
+                    help="an env_kwargs entry (YAML value), e.g. num_val_games=100; repeatable")
+    ap.add_argument("--iterations", type=int, default=None, help="default: the config's (the demo's)")
     ap.add_argument("--eval-episodes", type=int, default=200)
-    ap.add_argument("--work", type=Path, default=Path("runs/rl_val"))
+    ap.add_argument("--work", type=Path, default=Path("runs/rl_val"),
+                    help="the runs' cache, keyed by field, value, --set and seed only: one --work per --config and init")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="FIELD=VALUE",
                     help="an RLConfig field (YAML value) fixed for every run, e.g. action_masking=true; repeatable")
     args = ap.parse_args()
     if args.field not in RLConfig.model_fields:
-        raise SystemExit(f"error: unknown RLConfig field {args.field!r}")
+        fail(f"error: unknown RLConfig field {args.field!r}")
     args.fixed = {}
+    if args.config is None:
+        args.base = {**DemoConfig().rl, "env": "shop", "env_kwargs": VAL_ENV}
+    else:
+        try:
+            RLConfig.from_yaml(args.config)  # validated before any run
+            args.base = read_yaml_mapping(args.config, "RL config")
+        except (DataError, ValueError) as exc:
+            fail(f"error: --config {args.config}: {str(exc).splitlines()[0]}")
+    args.base["env_kwargs"] = dict(args.base.get("env_kwargs") or {})
+    for item in args.env_args:
+        key, eq, text = item.partition("=")
+        if not eq or not key:
+            fail(f"error: --env-arg expects KEY=VALUE, got {item!r}")
+        args.base["env_kwargs"][key] = yaml.safe_load(text)
+    if args.iterations is None:
+        args.iterations = int(args.base.get("iterations", RLConfig.model_fields["iterations"].default))
     for item in args.sets:
         key, eq, text = item.partition("=")
         if not eq or key not in RLConfig.model_fields or key == args.field:
-            raise SystemExit(f"error: --set expects FIELD=VALUE with an RLConfig field other than --field, got {item!r}")
+            fail(f"error: --set expects FIELD=VALUE with an RLConfig field other than --field, got {item!r}")
         args.fixed[key] = yaml.safe_load(text)
-    seen = seen_val_targets(args.init)
+    seen = seen_val_targets(args.init, str(args.base.get("env", "shop")))
     if seen and seen["seen_in_init_data"]:
         print(f"warning: {args.init} was cloned on {seen['seen_in_init_data']} of the {seen['val_targets']} val target "
               "products (its SFT data ran without val_fraction): val compares settings on seen products", file=sys.stderr)
@@ -119,11 +154,12 @@ def main() -> None:
 
     for v in per:
         if [[t["task_id"] for t in ts] for ts in per[v]] != [[t["task_id"] for t in ts] for ts in per[ref]]:
-            raise SystemExit(f"error: {args.field}={v} was evaluated on other val tasks than {args.field}={ref}")
+            fail(f"error: {args.field}={v} was evaluated on other val tasks than {args.field}={ref}")
     result: dict[str, Any] = {
         "command": shlex.join(["python", *sys.argv]), "init": str(args.init), "field": args.field,
         "seeds": args.seeds, "iterations": args.iterations, "split": "val", "eval_episodes": args.eval_episodes,
-        "env_kwargs": VAL_ENV, "rl": {**DemoConfig().rl, **args.fixed}, "reference": ref,
+        "env": args.base.get("env", "shop"), "env_kwargs": args.base["env_kwargs"],
+        "rl": {k: v for k, v in {**args.base, **args.fixed}.items() if k not in ("env", "env_kwargs")}, "reference": ref,
         "init_val_targets": seen, "values": {},
     }
     for v in per:

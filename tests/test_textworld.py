@@ -13,7 +13,7 @@ from dreamgym.collect import evaluate_scripted, run_episode
 from dreamgym.envs import make
 from dreamgym.envs.checker import check_env
 from dreamgym.envs.textworld.env import TextWorldEnv
-from dreamgym.envs.textworld.explain import explain_trajectory, recipe_ingredients
+from dreamgym.envs.textworld.explain import explain_trajectory, meal_outcome, recipe_ingredients
 from dreamgym.envs.textworld.games import GameSpec
 from dreamgym.envs.textworld.state import clean_text, inventory_items, shown_commands
 from dreamgym.types import Task
@@ -199,11 +199,16 @@ def test_hasty_policy_prepares_too_soon_and_the_game_refuses(cache_dir: Path) ->
             if x.action == "prepare meal":
                 refused = "still miss something" in x.next_state.lower()
                 assert ("; missing " in trace) == refused and ("none missing" in trace) == (not refused), trace
+                # the real game makes the meal exactly when none is missing (dream_signal.py counts dreamt meals
+                # that break this)
+                assert meal_outcome(x, needed) == (not refused, not refused)
+                made_anyway = x.model_copy(update={"next_state": x.state + "\n[i9] carrying: a meal"})
+                assert meal_outcome(made_anyway, needed) == (not refused, True)
             elif x.action.startswith("take "):
                 scored = "score has just gone up" in x.next_state.lower()
                 assert trace.count(" not needed;") == (not scored) and trace.count(" needed;") == 1, trace
             else:
-                assert "recipe:" not in trace
+                assert "recipe:" not in trace and meal_outcome(x, needed) is None
     calm = prepares({"early": 0.0, "swap": 0.0})  # the oracle alone: one prepare a game, accepted
     assert len(calm) == len(tasks) and not any(refused for _, refused, _ in calm)
     with pytest.raises(ValueError, match="swap"):
