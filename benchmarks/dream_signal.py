@@ -78,20 +78,22 @@ def meal_verdicts(rollouts: Path) -> dict[str, int] | None:
     """TextWorld's ``prepare meal`` steps in ``rollouts`` by (every recipe ingredient carried, meal made); None where
     no episode's task names a recipe or no step prepares a meal."""
     from dreamgym.envs.textworld.explain import meal_outcome, recipe_ingredients
-    from dreamgym.types import DataError, read_trajectories
 
     counts = {"ready_made": 0, "ready_refused": 0, "missing_made": 0, "missing_refused": 0}
     for path in _files(rollouts):
-        try:
-            for traj in read_trajectories(path):
-                if not (needed := recipe_ingredients(traj.task.instruction)):
-                    continue
-                for x in traj.transitions:
-                    if (outcome := meal_outcome(x, needed)) is not None:
-                        ready, made = outcome
-                        counts[f"{'ready' if ready else 'missing'}_{'made' if made else 'refused'}"] += 1
-        except DataError as e:
-            raise BadInput(str(e)) from None
+        for n, line in enumerate(path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                traj = json.loads(line)
+                needed = recipe_ingredients(str((traj.get("task") or {}).get("instruction", "")))
+                steps = [(str(x["state"]), str(x["action"]), str(x["next_state"]))
+                         for x in (traj["transitions"] if needed else [])]
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+                raise BadInput(f"{path}:{n}: not a trajectory ({e})") from None
+            for state, action, next_state in steps:
+                if (outcome := meal_outcome(state, action, next_state, needed)) is not None:
+                    counts[f"{'ready' if outcome[0] else 'missing'}_{'made' if outcome[1] else 'refused'}"] += 1
     return counts if any(counts.values()) else None
 
 

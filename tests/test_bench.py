@@ -392,6 +392,14 @@ def test_dream_signal_counts_the_groups_grpo_cannot_learn_from(tmp_path: Path) -
     pages = ["location: Kitchen\n[c1] command: take egg\n[c2] command: take egg",  # the item offered twice
              "location: Kitchen\n[c1] command: take egg\n[c2] command: take milk"]
     (run / "rollouts" / "iter_00001.jsonl").write_text(json.dumps({"transitions": [{"next_state": p} for p in pages]}))
+    # TextWorld meals: made with milk missing (a page the real game never writes), refused, and made with both
+    egg, both, meal = "[i1] carrying: an egg", "[i1] carrying: an egg\n[i2] carrying: some milk", "[i1] carrying: a meal"
+    recipe = {"task": {"instruction": "Cook! (ingredients: egg (fried), milk)"}, "transitions": [
+        {"state": egg, "action": "prepare meal", "next_state": meal},
+        {"state": egg, "action": "prepare meal", "next_state": egg},
+        {"state": egg, "action": "take milk", "next_state": both},
+        {"state": both, "action": "prepare meal", "next_state": meal}]}
+    (run / "rollouts" / "iter_00003.jsonl").write_text(json.dumps(recipe) + "\n")
     out = tmp_path / "signal.json"
     done = subprocess.run([sys.executable, str(script), str(run), "--out", str(out)], capture_output=True, text=True,
                           timeout=120)
@@ -400,7 +408,9 @@ def test_dream_signal_counts_the_groups_grpo_cannot_learn_from(tmp_path: Path) -
     assert (report["groups"], report["zero_variance_groups"], report["zero_variance_share"]) == (5, 3, 0.6)
     assert [r["zero_variance_groups"] for r in report["iterations"]] == [2, 1] and report["mean_success"] == 0.75
     assert report["wm2real"]["invalid_in_real"] == 3 and "3 of 4 replayed" in done.stdout
-    assert report["rollout_pages"] == {"pages": 2, "repeated_element_pages": 1}
+    assert report["rollout_pages"] == {"pages": 6, "repeated_element_pages": 1}
+    assert report["meals"] == {"ready_made": 1, "ready_refused": 0, "missing_made": 1, "missing_refused": 1}
+    assert "meals made with an ingredient missing 1 of 2 such prepares" in done.stdout
     data = subprocess.run([sys.executable, str(script), str(run), "--data", str(run / "rollouts" / "iter_00001.jsonl"),
                            "--data", str(tmp_path / "nothing.jsonl")], capture_output=True, text=True, timeout=120)
     assert data.returncode == 2 and "nothing.jsonl: no such trajectory file" in data.stderr

@@ -201,14 +201,14 @@ def test_hasty_policy_prepares_too_soon_and_the_game_refuses(cache_dir: Path) ->
                 assert ("; missing " in trace) == refused and ("none missing" in trace) == (not refused), trace
                 # the real game makes the meal exactly when none is missing (dream_signal.py counts dreamt meals
                 # that break this)
-                assert meal_outcome(x, needed) == (not refused, not refused)
-                made_anyway = x.model_copy(update={"next_state": x.state + "\n[i9] carrying: a meal"})
-                assert meal_outcome(made_anyway, needed) == (not refused, True)
+                assert meal_outcome(x.state, x.action, x.next_state, needed) == (not refused, not refused)
+                made_anyway = x.state + "\n[i9] carrying: a meal"
+                assert meal_outcome(x.state, x.action, made_anyway, needed) == (not refused, True)
             elif x.action.startswith("take "):
                 scored = "score has just gone up" in x.next_state.lower()
                 assert trace.count(" not needed;") == (not scored) and trace.count(" needed;") == 1, trace
             else:
-                assert "recipe:" not in trace and meal_outcome(x, needed) is None
+                assert "recipe:" not in trace and meal_outcome(x.state, x.action, x.next_state, needed) is None
     calm = prepares({"early": 0.0, "swap": 0.0})  # the oracle alone: one prepare a game, accepted
     assert len(calm) == len(tasks) and not any(refused for _, refused, _ in calm)
     with pytest.raises(ValueError, match="swap"):
