@@ -12,7 +12,8 @@ one element twice (the same ``type: text`` line under two ids: on TextWorld a dr
 taken five times; the real game's pages never do). On TextWorld the rollouts' ``prepare meal`` steps are also
 counted by whether every ingredient of the task's recipe was carried and whether the next page made the meal: the
 real game makes it exactly when none is missing, so a meal made with one missing is a reward the real game never pays
-(``--data`` on real episodes checks the count: 0 such meals there).
+(``--data`` on real episodes checks the count: 0 such meals there), and the paid episodes by the meals they made:
+the real game pays only for eating one made with none missing.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ def meal_verdicts(rollouts: Path) -> dict[str, int] | None:
     no episode's task names a recipe or no step prepares a meal."""
     from dreamgym.envs.textworld.explain import meal_outcome, recipe_ingredients
 
-    counts = {"ready_made": 0, "ready_refused": 0, "missing_made": 0, "missing_refused": 0}
+    counts = {"ready_made": 0, "ready_refused": 0, "missing_made": 0, "missing_refused": 0,
+              "paid_episodes": 0, "paid_after_ready_meal": 0, "paid_after_missing_meal_only": 0, "paid_without_meal": 0}
     for path in _files(rollouts):
         for n, line in enumerate(path.read_text().splitlines(), start=1):
             if not line.strip():
@@ -91,9 +93,16 @@ def meal_verdicts(rollouts: Path) -> dict[str, int] | None:
                          for x in (traj["transitions"] if needed else [])]
             except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
                 raise BadInput(f"{path}:{n}: not a trajectory ({e})") from None
+            made = set()
             for state, action, next_state in steps:
                 if (outcome := meal_outcome(state, action, next_state, needed)) is not None:
                     counts[f"{'ready' if outcome[0] else 'missing'}_{'made' if outcome[1] else 'refused'}"] += 1
+                    if outcome[1]:
+                        made.add("ready" if outcome[0] else "missing")
+            if needed and traj.get("success"):  # the real game pays only for eating a meal made with none missing
+                counts["paid_episodes"] += 1
+                counts["paid_after_ready_meal" if "ready" in made else "paid_after_missing_meal_only" if made
+                       else "paid_without_meal"] += 1
     return counts if any(counts.values()) else None
 
 
@@ -124,7 +133,9 @@ def _meals_text(m: dict[str, int] | None) -> str:
         return ""
     missing = m["missing_made"] + m["missing_refused"]
     return (f"; meals made with an ingredient missing {m['missing_made']} of {missing} such prepares (the real game: 0), "
-            f"with none missing {m['ready_made']} of {m['ready_made'] + m['ready_refused']}")
+            f"with none missing {m['ready_made']} of {m['ready_made'] + m['ready_refused']}; of {m['paid_episodes']} paid "
+            f"episodes {m['paid_after_ready_meal']} made a meal with none missing, {m['paid_after_missing_meal_only']} "
+            f"only with one missing, {m['paid_without_meal']} none")
 
 
 def main(argv: list[str] | None = None) -> int:

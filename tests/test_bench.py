@@ -398,8 +398,11 @@ def test_dream_signal_counts_the_groups_grpo_cannot_learn_from(tmp_path: Path) -
         {"state": egg, "action": "prepare meal", "next_state": meal},
         {"state": egg, "action": "prepare meal", "next_state": egg},
         {"state": egg, "action": "take milk", "next_state": both},
-        {"state": both, "action": "prepare meal", "next_state": meal}]}
-    (run / "rollouts" / "iter_00003.jsonl").write_text(json.dumps(recipe) + "\n")
+        {"state": both, "action": "prepare meal", "next_state": meal}], "success": True}
+    paid_anyway = {"task": recipe["task"], "success": True, "transitions": recipe["transitions"][:1]}
+    paid_no_meal = {"task": recipe["task"], "success": True, "transitions": recipe["transitions"][2:3]}
+    (run / "rollouts" / "iter_00003.jsonl").write_text(json.dumps(recipe) + "\n" + json.dumps(paid_anyway) + "\n"
+                                                          + json.dumps(paid_no_meal) + "\n")
     out = tmp_path / "signal.json"
     done = subprocess.run([sys.executable, str(script), str(run), "--out", str(out)], capture_output=True, text=True,
                           timeout=120)
@@ -408,9 +411,11 @@ def test_dream_signal_counts_the_groups_grpo_cannot_learn_from(tmp_path: Path) -
     assert (report["groups"], report["zero_variance_groups"], report["zero_variance_share"]) == (5, 3, 0.6)
     assert [r["zero_variance_groups"] for r in report["iterations"]] == [2, 1] and report["mean_success"] == 0.75
     assert report["wm2real"]["invalid_in_real"] == 3 and "3 of 4 replayed" in done.stdout
-    assert report["rollout_pages"] == {"pages": 6, "repeated_element_pages": 1}
-    assert report["meals"] == {"ready_made": 1, "ready_refused": 0, "missing_made": 1, "missing_refused": 1}
-    assert "meals made with an ingredient missing 1 of 2 such prepares" in done.stdout
+    assert report["rollout_pages"] == {"pages": 8, "repeated_element_pages": 1}
+    assert report["meals"] == {"ready_made": 1, "ready_refused": 0, "missing_made": 2, "missing_refused": 1,
+                               "paid_episodes": 3, "paid_after_ready_meal": 1, "paid_after_missing_meal_only": 1,
+                               "paid_without_meal": 1}
+    assert "meals made with an ingredient missing 2 of 3 such prepares" in done.stdout
     data = subprocess.run([sys.executable, str(script), str(run), "--data", str(run / "rollouts" / "iter_00001.jsonl"),
                            "--data", str(tmp_path / "nothing.jsonl")], capture_output=True, text=True, timeout=120)
     assert data.returncode == 2 and "nothing.jsonl: no such trajectory file" in data.stderr
