@@ -75,10 +75,10 @@ def seen_val_targets(init: Path, env_name: str) -> dict[str, int] | None:
     from dreamgym.envs import make
     from dreamgym.types import read_trajectories
 
+    if env_name != "shop":  # the count is of the shop's target products
+        return None
     summary = init / "summary.json"
     files = json.loads(summary.read_text()).get("data") if summary.is_file() else None
-    if env_name != "shop":
-        return None
     if not files or not all(Path(f).is_file() for f in files):
         return None
     seen = {str(t.task.goal.get("asin")) for f in files for t in read_trajectories(f) if t.task.goal}
