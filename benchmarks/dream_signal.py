@@ -48,61 +48,59 @@ def _iterations(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _files(rollouts: Path) -> list[Path]:
-    return [rollouts] if rollouts.is_file() else sorted(rollouts.glob("*.jsonl")) if rollouts.is_dir() else []
-
-
-def repeated_pages(rollouts: Path) -> dict[str, int] | None:
-    """Next states in ``rollouts/*.jsonl`` (or in the one file ``rollouts``) and how many list one ``[id] type:
-    text`` element's text twice."""
-    from dreamgym.experience.protocol import repeats_element
-
-    files = _files(rollouts)
+def read_rollouts(rollouts: Path) -> list[tuple[str, dict[str, Any]]] | None:
+    """The trajectories in ``rollouts/*.jsonl`` (or in the one file ``rollouts``), each with its ``file:line``, read
+    once for every count below; None where there is no such file."""
+    files = [rollouts] if rollouts.is_file() else sorted(rollouts.glob("*.jsonl")) if rollouts.is_dir() else []
     if not files:
         return None
-    pages = repeated = 0
+    trajs = []
     for path in files:
         for n, line in enumerate(path.read_text().splitlines(), start=1):
             if not line.strip():
                 continue
             try:
-                transitions = json.loads(line)["transitions"]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                traj = json.loads(line)
+            except json.JSONDecodeError as e:
                 raise BadInput(f"{path}:{n}: not a trajectory ({e})") from None
-            for x in transitions:
-                pages += 1
-                repeated += repeats_element(str(x.get("next_state", "")))
-    return {"pages": pages, "repeated_element_pages": repeated}
+            if not isinstance(traj, dict) or not isinstance(traj.get("transitions"), list):
+                raise BadInput(f"{path}:{n}: not a trajectory (no transitions list)")
+            trajs.append((f"{path}:{n}", traj))
+    return trajs
 
 
-def meal_verdicts(rollouts: Path) -> dict[str, int] | None:
-    """TextWorld's ``prepare meal`` steps in ``rollouts`` by (every recipe ingredient carried, meal made); None where
-    no episode's task names a recipe or no step prepares a meal."""
+def repeated_pages(trajs: list[tuple[str, dict[str, Any]]]) -> dict[str, int]:
+    """How many next states list one ``[id] type: text`` element's text twice."""
+    from dreamgym.experience.protocol import repeats_element
+
+    pages = [str(x.get("next_state", "")) if isinstance(x, dict) else "" for _, t in trajs for x in t["transitions"]]
+    return {"pages": len(pages), "repeated_element_pages": sum(map(repeats_element, pages))}
+
+
+def meal_verdicts(trajs: list[tuple[str, dict[str, Any]]]) -> dict[str, int] | None:
+    """TextWorld's ``prepare meal`` steps by (every recipe ingredient carried, meal made), and the paid episodes by
+    the meals they made; None where no episode's task names a recipe or no step prepares a meal."""
     from dreamgym.envs.textworld.explain import meal_outcome, recipe_ingredients
 
     counts = {"ready_made": 0, "ready_refused": 0, "missing_made": 0, "missing_refused": 0,
               "paid_episodes": 0, "paid_after_ready_meal": 0, "paid_after_missing_meal_only": 0, "paid_without_meal": 0}
-    for path in _files(rollouts):
-        for n, line in enumerate(path.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                traj = json.loads(line)
-                needed = recipe_ingredients(str((traj.get("task") or {}).get("instruction", "")))
-                steps = [(str(x["state"]), str(x["action"]), str(x["next_state"]))
-                         for x in (traj["transitions"] if needed else [])]
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-                raise BadInput(f"{path}:{n}: not a trajectory ({e})") from None
-            made = set()
-            for state, action, next_state in steps:
-                if (outcome := meal_outcome(state, action, next_state, needed)) is not None:
-                    counts[f"{'ready' if outcome[0] else 'missing'}_{'made' if outcome[1] else 'refused'}"] += 1
-                    if outcome[1]:
-                        made.add("ready" if outcome[0] else "missing")
-            if needed and traj.get("success"):  # the real game pays only for eating a meal made with none missing
-                counts["paid_episodes"] += 1
-                counts["paid_after_ready_meal" if "ready" in made else "paid_after_missing_meal_only" if made
-                       else "paid_without_meal"] += 1
+    for where, traj in trajs:
+        try:
+            needed = recipe_ingredients(str((traj.get("task") or {}).get("instruction", "")))
+            steps = [(str(x["state"]), str(x["action"]), str(x["next_state"]))
+                     for x in (traj["transitions"] if needed else [])]
+        except (KeyError, TypeError, AttributeError) as e:
+            raise BadInput(f"{where}: not a trajectory ({e})") from None
+        made = set()
+        for state, action, next_state in steps:
+            if (outcome := meal_outcome(state, action, next_state, needed)) is not None:
+                counts[f"{'ready' if outcome[0] else 'missing'}_{'made' if outcome[1] else 'refused'}"] += 1
+                if outcome[1]:
+                    made.add("ready" if outcome[0] else "missing")
+        if needed and traj.get("success"):  # the real game pays only for eating a meal made with none missing
+            counts["paid_episodes"] += 1
+            counts["paid_after_ready_meal" if "ready" in made else "paid_after_missing_meal_only" if made
+                   else "paid_without_meal"] += 1
     return counts if any(counts.values()) else None
 
 
@@ -124,8 +122,13 @@ def signal(run: Path) -> dict[str, Any]:
             "mean_success": round(statistics.fmean(successes), 4) if successes else None,
             "groups": groups, "zero_variance_groups": flat,
             "zero_variance_share": round(flat / groups, 4) if groups else None,
-            "wm2real": summary.get("wm2real"), "rollout_pages": repeated_pages(run / "rollouts"),
-            "meals": meal_verdicts(run / "rollouts")}
+            "wm2real": summary.get("wm2real"), **_page_counts(run / "rollouts", "rollout_pages")}
+
+
+def _page_counts(rollouts: Path, key: str) -> dict[str, Any]:
+    trajs = read_rollouts(rollouts)
+    return {key: repeated_pages(trajs) if trajs is not None else None,
+            "meals": meal_verdicts(trajs) if trajs is not None else None}
 
 
 def _meals_text(m: dict[str, int] | None) -> str:
@@ -151,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in args.data:
             if not path.is_file():
                 raise BadInput(f"{path}: no such trajectory file")
-            data.append({"data": str(path), "pages": repeated_pages(path), "meals": meal_verdicts(path)})
+            data.append({"data": str(path), **_page_counts(path, "pages")})
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

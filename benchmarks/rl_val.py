@@ -121,8 +121,8 @@ def main() -> None:
         args.base = {**DemoConfig().rl, "env": "shop", "env_kwargs": VAL_ENV}
     else:
         try:
-            RLConfig.from_yaml(args.config)  # validated before any run
             args.base = read_yaml_mapping(args.config, "RL config")
+            RLConfig.model_validate(args.base)  # validated before any run
         except (DataError, ValueError) as exc:
             fail(f"error: --config {args.config}: {str(exc).splitlines()[0]}")
     args.base["env_kwargs"] = dict(args.base.get("env_kwargs") or {})
