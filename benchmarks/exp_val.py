@@ -1,12 +1,13 @@
 """Bench seeds' M_exp as trained, on val: to choose between configs without looking at test.
 
-    python benchmarks/exp_val.py RUN_A/seed0 RUN_B/seed0 ... [--out FILE.json]
+    python benchmarks/exp_val.py RUN_A/seed0 RUN_B/seed0 ... [--computed-premises] [--out FILE.json]
 
 The bench's fidelity stage scores M_exp on held-out **test** episodes. This scores each seed dir's M_exp as it was
 trained and is served (its own ``prompt_budget``), teacher-forced (``evaluate_experience_model``), on
 ``heldout_episodes`` noisy-oracle episodes of the **val** tasks of its own config (collected and annotated as
 ``serve_budget.py`` does, seed + 2; so two configs with different pages are each scored on their own pages of the
-same val games). Each figure is printed beside its majority answer.
+same val games). Each figure is printed beside its majority answer. ``--computed-premises`` serves each M_exp with its
+env's computed trace premises (``ProtocolConfig.computed_premises``), whatever it was saved with.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("seed_dirs", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, help="the JSON report (default: print only)")
+    ap.add_argument("--computed-premises", action="store_true",
+                    help="serve each M_exp with the env's computed trace premises (ProtocolConfig.computed_premises)")
     args = ap.parse_args(argv)
     for d in args.seed_dirs:
         if not (d / "experience_model" / "experience.json").is_file() or not (d / "demo_config.yaml").is_file():
@@ -44,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         collect_episodes(cfg, raw, cfg.heldout_episodes, "val", cfg.seed + 2, noise=cfg.heldout_noise)
         annotate(cfg, [raw], annotated)
         row = {"seed_dir": str(d), "seed": cfg.seed, "env_kwargs": cfg.env_kwargs,
-               "prompt_budget": exp_cfg.prompt_budget,
-               "val": score(d, cfg, list(read_trajectories(annotated)), exp_cfg.prompt_budget)}
+               "prompt_budget": exp_cfg.prompt_budget, "computed_premises": args.computed_premises,
+               "val": score(d, cfg, list(read_trajectories(annotated)), exp_cfg.prompt_budget,
+                            args.computed_premises)}
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.out is not None:

@@ -1,6 +1,6 @@
 """Does TextWorld's M_exp know when a meal cannot be prepared? Probes on val games, beside the majority answer.
 
-    python benchmarks/prepare_probe.py RUN/seed0 [RUN/seed0 ...] [--games N] [--out FILE.json]
+    python benchmarks/prepare_probe.py RUN/seed0 [RUN/seed0 ...] [--games N] [--computed-premises] [--out FILE.json]
 
 A dream pays its policy for `prepare meal` then `eat meal` whatever it carries if M_exp answers every `prepare meal`
 with `Adding the meal to your inventory.`; the real game answers `You still miss something.` until every ingredient
@@ -107,15 +107,18 @@ def _wrong_probe(env: Any, task: Any, history: list[tuple[str, str]]) -> tuple[A
     return ExperienceQuery(task.instruction, [*history[:i], (obs, other)], [], took, PREPARE), "wrong", answer(real)
 
 
-def score(seed_dir: Path, cfg: Any, found: list[tuple[Any, str, str]]) -> dict[str, Any]:
+def score(seed_dir: Path, cfg: Any, found: list[tuple[Any, str, str]], premises: bool = False) -> dict[str, Any]:
     import torch
 
-    from dreamgym.experience.model import ExperienceModel
+    from dreamgym.experience.model import ExperienceModel, read_experience_config
     from dreamgym.replay import ReplayBuffer
 
     buffer = ReplayBuffer.open(seed_dir / "buffer", create=False, read_only=True) if (seed_dir / "buffer").is_dir() else None
     torch.set_num_threads(int(cfg.exp_sft.get("num_threads") or 1))
-    model = ExperienceModel.load(seed_dir / "experience_model", buffer=buffer)
+    exp_cfg = read_experience_config(seed_dir / "experience_model")
+    if premises:  # served with the env's computed premises, whatever the model was saved with
+        exp_cfg = exp_cfg.model_copy(update={"protocol": {**exp_cfg.protocol, "computed_premises": True}})
+    model = ExperienceModel.load(seed_dir / "experience_model", buffer=buffer, cfg=exp_cfg)
     predictions = model.predict([q for q, _, _ in found], seed=cfg.seed)
     said = [answer(p.next_state) for p in predictions]
     real = [r for _, _, r in found]
@@ -126,7 +129,8 @@ def score(seed_dir: Path, cfg: Any, found: list[tuple[Any, str, str]]) -> dict[s
         by_kind[kind] = {"probes": len(rows), "real": dict(Counter(r for _, r in rows)),
                          "said": dict(Counter(s for s, _ in rows)),
                          "accuracy": round(sum(s == r for s, r in rows) / len(rows), 4) if rows else None}
-    return {"seed_dir": str(seed_dir), "probes": len(found),
+    return {"seed_dir": str(seed_dir), "computed_premises": exp_cfg.protocol_config().computed_premises,
+            "probes": len(found),
             "accuracy": round(sum(s == r for s, r in zip(said, real, strict=True)) / len(found), 4),
             "majority_answer": majority, "majority_baseline": round(share / len(found), 4), "by_kind": by_kind,
             "model_stats": model.stats_dict()}
@@ -139,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("seed_dirs", nargs="+", type=Path)
     ap.add_argument("--games", type=int, default=30, help="val games to probe (default 30)")
     ap.add_argument("--out", type=Path, help="the JSON report (default: print only)")
+    ap.add_argument("--computed-premises", action="store_true",
+                    help="serve each M_exp with the env's computed trace premises (ProtocolConfig.computed_premises)")
     args = ap.parse_args(argv)
     configs = []
     for d in args.seed_dirs:
@@ -158,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         key = json.dumps(cfg.env_kwargs, sort_keys=True)
         if key not in cache:  # the same val games for configs with the same env
             cache[key] = probes(cfg, args.games)
-        row = score(d, cfg, cache[key])
+        row = score(d, cfg, cache[key], args.computed_premises)
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.out is not None:

@@ -72,21 +72,28 @@ def budget_of(seed_dir: Path, seed: int, trained_cap: bool = True) -> tuple[int,
     return served_prompt_budget(lengths, max_length if trained_cap else context, context), exp_cfg.max_new_tokens
 
 
-def score(seed_dir: Path, cfg: Any, heldout: list[Any], budget: int | None) -> dict[str, Any]:
+def score(seed_dir: Path, cfg: Any, heldout: list[Any], budget: int | None, premises: bool = False) -> dict[str, Any]:
+    """M_exp of ``seed_dir`` on ``heldout``, served with prompt budget ``budget`` (and, with ``premises``, the env's
+    computed trace premises, ``ProtocolConfig.computed_premises``)."""
     import torch
 
     from dreamgym.experience.fidelity import evaluate_experience_model
-    from dreamgym.experience.model import ExperienceModel
+    from dreamgym.experience.model import ExperienceModel, read_experience_config
     from dreamgym.replay import ReplayBuffer
 
     buffer = ReplayBuffer.open(seed_dir / "buffer", create=False, read_only=True) if (seed_dir / "buffer").is_dir() else None
     torch.set_num_threads(int(cfg.exp_sft.get("num_threads") or 1))
-    model = ExperienceModel.load(seed_dir / "experience_model", buffer=buffer)
-    model.cfg = model.cfg.model_copy(update={"prompt_budget": budget})
+    exp_cfg = read_experience_config(seed_dir / "experience_model")
+    update: dict[str, Any] = {"prompt_budget": budget}
+    if premises:
+        update["protocol"] = {**exp_cfg.protocol, "computed_premises": True}
+    model = ExperienceModel.load(seed_dir / "experience_model", buffer=buffer, cfg=exp_cfg.model_copy(update=update))
     report = evaluate_experience_model(model, heldout, seed=cfg.seed)
     out = {k: report.get(k) for k in KEYS}
     out["next_state_copy_baseline_f1"] = report["next_state_copy_baseline"]["f1"]  # the page left as it was
     out["shortened_prompts"] = model.shortened_prompts
+    if premises:
+        out["premised"] = model.premised
     out["transitions"] = report["transitions"]
     out["seconds"] = report["seconds"]
     return out

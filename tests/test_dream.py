@@ -249,3 +249,54 @@ def test_the_dream_is_a_registered_env_that_the_agentgym_server_serves(shop, off
         assert isinstance(obs, str) and 0.0 <= reward <= 1.0
         remote.close()
     assert len(dream_module._LOADED) == loaded  # the server's env reused the loaded model
+
+
+def test_computed_premises_open_the_answer_and_the_model_writes_on(offline, tmp_path: Path) -> None:
+    """With ``ProtocolConfig.computed_premises`` the env's premise (TextWorld: which recipe ingredients are carried,
+    which missing) opens the answer: generation starts after its tokens, tokenized as SFT tokenizes a target, within
+    the same ``max_new_tokens``, and the output is read with it; a step the env has no premise for is generated
+    whole. Through a real (untrained) HF model and tokenizer."""
+    from dreamgym.experience.protocol import ExperienceQuery, premise_text
+    from dreamgym.llm.tiny import init_tiny_model
+    from dreamgym.types import write_jsonl
+
+    write_jsonl(tmp_path / "corpus.jsonl", offline)
+    init_tiny_model("micro", [tmp_path / "corpus.jsonl"], tmp_path / "m", seed=0)
+    state = ("location: Kitchen\n[f] feedback: You take the egg.\n[i1] carrying: a roasted egg\n"
+             "[c1] command: go north\n[c2] command: prepare meal")
+    task = "Make the recipe, then eat the meal (ingredients: egg (roasted), water)"
+    meal, north = ExperienceQuery(task, [], [], state, "prepare meal"), ExperienceQuery(task, [], [], state, "go north")
+    cfg = ExperienceConfig(env="textworld", max_new_tokens=100, max_resamples=0,
+                           protocol={"k": 0, "computed_premises": True})
+    model = ExperienceModel.load(tmp_path / "m", cfg=cfg)
+    llm, asked = model.llm, []
+    real_rows = llm.generate_rows  # type: ignore[attr-defined]
+
+    def rows(ids: list[list[int]], params: list[SamplingParams]) -> list[Completion]:
+        asked.extend(zip(ids, (p.max_new_tokens for p in params), strict=True))
+        return list(real_rows(ids, params))
+
+    llm.generate_rows = rows  # type: ignore[attr-defined]
+    model.predict([meal, north])
+    premise = '"prepare meal" listed: valid; recipe: egg, water; carried: egg; missing water'
+    opening = llm.tokenizer(premise_text(premise, meal, model.protocol), add_special_tokens=False).input_ids
+    assert opening[0:1] == llm.tokenizer("<think>", add_special_tokens=False).input_ids[0:1]
+    prompt_ids = [llm.encode(model.prompt(q)) for q in (meal, north)]  # type: ignore[attr-defined]
+    assert asked == [(prompt_ids[0] + opening, 100 - len(opening)), (prompt_ids[1], 100)]
+    assert model.stats_dict()["premised"] == 1
+
+    # what the model writes after the opening is read with it
+    rest = ("; location Kitchen; score 0.25; reward 0</think>\n<state>\n" + state.replace("You take the egg.",
+            "You still miss something.") + "\n</state>\n<reward>0.00</reward> <done>0</done> <success>0</success>")
+    llm.generate_rows = lambda ids, params: [Completion(text=rest, token_ids=[], finish_reason="stop") for _ in ids]  # type: ignore[attr-defined]
+    [pred] = model.predict([meal])
+    assert pred.failure is None and pred.reasoning == premise + "; location Kitchen; score 0.25; reward 0"
+    assert "You still miss something." in pred.next_state and model.premised == 2
+
+    # a premise needs an env that computes one, and a local model to start the answer in
+    with pytest.raises(ValueError, match="trace_premise"):
+        ExperienceModel.load(tmp_path / "m", cfg=cfg.model_copy(update={"env": "shop"}))
+    with pytest.raises(ValueError, match="local"):
+        ExperienceModel(ShopScriptLLM(), cfg)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="reasoning"):
+        ExperienceConfig(protocol={"computed_premises": True, "reasoning": False}).protocol_config()

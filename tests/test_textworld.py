@@ -13,10 +13,18 @@ from dreamgym.collect import evaluate_scripted, run_episode
 from dreamgym.envs import make
 from dreamgym.envs.checker import check_env
 from dreamgym.envs.textworld.env import TextWorldEnv
-from dreamgym.envs.textworld.explain import explain_trajectory, meal_outcome, recipe_ingredients
+from dreamgym.envs.textworld.explain import (
+    explain_trajectory,
+    meal_outcome,
+    recipe_ingredients,
+    trace_premise,
+)
 from dreamgym.envs.textworld.games import GameSpec
 from dreamgym.envs.textworld.state import clean_text, inventory_items, shown_commands
-from dreamgym.types import Task
+from dreamgym.experience.annotate import apply_annotation
+from dreamgym.experience.protocol import ProtocolConfig
+from dreamgym.experience.train import check_premises, exp_pairs
+from dreamgym.types import DataError, Task
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +168,11 @@ TWO_INGREDIENTS = {"settings": {"go": 1, "recipe": 2, "take": 2}, "num_train_gam
                    "num_val_games": 2}  # the games of the prepare probes' test (one cache dir: compiled once)
 
 
+def offered(state: str, action: str) -> bool:
+    """Whether the page lists ``action`` among its commands."""
+    return any(line.endswith(f"] command: {action}") for line in state.splitlines())
+
+
 def test_hasty_policy_prepares_too_soon_and_the_game_refuses(cache_dir: Path) -> None:
     """TextWorld's ``hasty`` behaviour (extra data for M_exp): on two-ingredient games, preparing before every
     ingredient is carried, and after another item is taken in place of the last one, is refused by the real game;
@@ -189,13 +202,21 @@ def test_hasty_policy_prepares_too_soon_and_the_game_refuses(cache_dir: Path) ->
     # game then decides: a refused prepare misses an ingredient, the made meal misses none, the swapped item is not
     # needed; by default the traces hold no recipe
     policy = env.scripted_policy("hasty", seed=0, noise=0.0, early=0.0, swap=1.0)
+    recipe_trajs, plain_trajs = [], []
     for task in tasks:
         traj = run_episode(env, policy, task=task, seed=0)
         needed = recipe_ingredients(task.instruction)
         assert len(needed) == 2 and all(n in task.instruction and "(" not in n for n in needed)
         traces = explain_trajectory(traj, recipe=True).reasoning
         assert not any("recipe:" in t for t in explain_trajectory(traj).reasoning)
+        recipe_trajs.append(apply_annotation(traj, traces, "rule"))
+        plain_trajs.append(apply_annotation(traj, explain_trajectory(traj).reasoning, "rule"))
         for x, trace in zip(traj.transitions, traces, strict=True):
+            # the trace's start that the query alone decides (computed_premises): up to what the step changes
+            premise = trace_premise(task.instruction, x.state, x.action)
+            if premise is not None:
+                assert trace.startswith(premise + "; "), (premise, trace)
+            assert (premise is not None) == ("recipe:" in trace and offered(x.state, x.action))
             if x.action == "prepare meal":
                 refused = "still miss something" in x.next_state.lower()
                 assert ("; missing " in trace) == refused and ("none missing" in trace) == (not refused), trace
@@ -209,6 +230,15 @@ def test_hasty_policy_prepares_too_soon_and_the_game_refuses(cache_dir: Path) ->
                 assert trace.count(" not needed;") == (not scored) and trace.count(" needed;") == 1, trace
             else:
                 assert "recipe:" not in trace and meal_outcome(x.state, x.action, x.next_state, needed) is None
+    # M_exp's training refuses premises its traces do not start with (annotated without the recipe)
+    cfg = ProtocolConfig(k=0, computed_premises=True)
+    premised = check_premises(exp_pairs(recipe_trajs, cfg), cfg, "textworld")
+    assert premised == sum(x.action == "prepare meal" or x.action.startswith("take ")
+                           for t in recipe_trajs for x in t.transitions if offered(x.state, x.action)) > 0
+    with pytest.raises(DataError, match=f"of {premised} targets do not start with textworld's computed premise"):
+        check_premises(exp_pairs(plain_trajs, cfg), cfg, "textworld")
+    assert check_premises(exp_pairs(plain_trajs, ProtocolConfig(k=0)), ProtocolConfig(k=0), "textworld") == 0
+    assert trace_premise("Eat the meal.", recipe_trajs[0].transitions[0].state, "prepare meal") is None  # no recipe
     calm = prepares({"early": 0.0, "swap": 0.0})  # the oracle alone: one prepare a game, accepted
     assert len(calm) == len(tasks) and not any(refused for _, refused, _ in calm)
     with pytest.raises(ValueError, match="swap"):

@@ -69,6 +69,7 @@ register(  # needs dreamgym[textworld]
     "textworld", "dreamgym.envs.textworld.env:TextWorldEnv",
     policies="dreamgym.envs.textworld.policies:make_policy",
     explainer="dreamgym.envs.textworld.explain:explain_trajectory",
+    trace_premise="dreamgym.envs.textworld.explain:trace_premise",
     decision_step="dreamgym.envs.textworld.state:take_step",
 )
 

@@ -289,6 +289,10 @@ class EnvSpec:
       prediction with the verdicts of its reasoning trace recomputed from the text the trace compares (the shop:
       a purchase's checks, score and reward; :mod:`dreamgym.envs.shop.recheck`), None where it checks nothing.
       Used by M_exp with ``ProtocolConfig.checked_verdicts``. Without it the model's verdicts stand.
+    * ``trace_premise``: ``(instruction, state, action) -> str | None``, the start of a step's reasoning trace that
+      the env's ``explainer`` computes from the query alone (TextWorld: which recipe ingredients are carried and
+      which are missing), None where there is none. Used by M_exp with ``ProtocolConfig.computed_premises``: the
+      model writes its trace on from it. Without it the model writes the whole trace.
     * ``demo_defaults``: :class:`~dreamgym.pipeline.DemoConfig` fields this env needs when a config does not
       give them (e.g. its constructor's ``env_kwargs``).
     """
@@ -302,6 +306,7 @@ class EnvSpec:
     page_type: Ref | None = None
     decision_step: Ref | None = None
     trace_checker: Ref | None = None
+    trace_premise: Ref | None = None
     demo_defaults: Mapping[str, Any] = field(default_factory=dict)
 
     def load(self, what: str) -> Any:

@@ -125,11 +125,15 @@ def replay_scores(traj: Trajectory) -> list[float]:
     return scores
 
 
+def listed_head(action: str, listed: bool) -> str:
+    """A trace's head: the action, quoted (shortened), and whether the game listed it."""
+    return f'"{_short(action)}" {"listed" if listed else "not listed"}'
+
+
 def step_trace(x: Transition, types: Sequence[str], room_types: frozenset[str],
                score: tuple[float, float] | None, max_items: int = 3) -> str:
     """The trace of one recorded step (see the module docstring); ``score``: before and after, when known."""
-    listed = x.action in set(x.info.get("admissible_actions") or [])
-    head = f'"{_short(x.action)}" {"listed" if listed else "not listed"}'
+    head = listed_head(x.action, x.action in set(x.info.get("admissible_actions") or []))
     if x.info.get("invalid_action"):
         return f"{head}: invalid {INVALID_OUTCOME}"
     segments = [f"{head}: valid", *state_diff(x.state, x.next_state, types, room_types, max_items)]

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dreamgym.envs.base import TextEnv
 from dreamgym.envs.pool import PoolHooks, StepResult, info_essentials
-from dreamgym.experience.model import ExperienceModel
+from dreamgym.experience.model import ExperienceModel, read_experience_config
 from dreamgym.experience.protocol import ExperiencePrediction, ExperienceQuery
 from dreamgym.types import Source, Task, Trajectory, Transition
 
@@ -270,6 +270,9 @@ class DreamConfig(BaseModel):
     temperature: float | None = Field(default=None, ge=0, description="override experience.json")
     unique_elements: bool | None = Field(default=None, description="override experience.json: a dreamt page that "
                                          "lists one element twice is malformed (ExperienceConfig.unique_elements)")
+    computed_premises: bool | None = Field(default=None, description="override experience.json: the env writes the "
+                                           "start of each trace it can compute from the query, the model the rest "
+                                           "(ProtocolConfig.computed_premises; its traces must start that way)")
     device: str = "cpu"
 
 
@@ -293,11 +296,14 @@ def load_dream(cfg: DreamConfig, env: str, env_kwargs: dict[str, Any], read_only
                                        else make_encoder(cfg.encoder))
             if len(buffer) == 0:
                 buffer.add_trajectories(offline, iteration=-1)
-    model = ExperienceModel.load(cfg.experience_model, buffer=buffer, device=cfg.device)
-    overrides = {k: v for k, v in (("max_new_tokens", cfg.max_new_tokens), ("temperature", cfg.temperature),
-                                   ("unique_elements", cfg.unique_elements)) if v is not None}
-    if overrides:
-        model.cfg = model.cfg.model_copy(update=overrides)
+    exp_cfg = read_experience_config(cfg.experience_model)
+    overrides: dict[str, Any] = {k: v for k, v in (("max_new_tokens", cfg.max_new_tokens),
+                                                   ("temperature", cfg.temperature),
+                                                   ("unique_elements", cfg.unique_elements)) if v is not None}
+    if cfg.computed_premises is not None:
+        overrides["protocol"] = {**exp_cfg.protocol, "computed_premises": cfg.computed_premises}
+    model = ExperienceModel.load(cfg.experience_model, buffer=buffer, cfg=exp_cfg.model_copy(update=overrides),
+                                 device=cfg.device)
     return model, make(env, **env_kwargs), InitialStates.from_trajectories(offline)
 
 

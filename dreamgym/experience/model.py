@@ -36,6 +36,7 @@ from dreamgym.experience.protocol import (
     failure_prediction,
     fit_layout,
     parse_output,
+    premise_text,
     repeats_element,
 )
 from dreamgym.experience.reward_head import RewardHead
@@ -91,6 +92,18 @@ def save_experience_config(model_dir: str | os.PathLike[str], cfg: ExperienceCon
     Path(model_dir, CONFIG_FILE).write_text(cfg.model_dump_json(indent=2))
 
 
+def read_experience_config(model_dir: str | os.PathLike[str]) -> ExperienceConfig:
+    """The ``experience.json`` of a model dir (the defaults where it has none); ValueError naming the file when
+    it does not validate."""
+    path = Path(model_dir, CONFIG_FILE)
+    if not path.exists():
+        return ExperienceConfig()
+    try:
+        return ExperienceConfig.model_validate_json(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path}: invalid experience config ({str(e).splitlines()[0]})") from None
+
+
 def neighbours_of(hits: Sequence[Any]) -> list[Neighbour]:
     """Replay-buffer hits (anything with state, action, next_state, reward, done and optionally info and
     instruction) as prompt neighbours. ``done`` shows real endings only, like the targets (:func:`~dreamgym.experience.protocol.terminated`):
@@ -123,6 +136,8 @@ class ExperienceModel:
         self.checker = self._trace_checker()
         self.checked = 0  # predictions whose trace the env's checker read (checked_verdicts)
         self.recomputed = 0  # ... of which the checker changed the reasoning, reward or next state
+        self.premise = self._trace_premise()
+        self.premised = 0  # generations started from the env's premise (computed_premises)
 
     def _trace_checker(self) -> Callable[[str, str, ExperiencePrediction], ExperiencePrediction | None] | None:
         if not self.protocol.checked_verdicts:
@@ -133,6 +148,29 @@ class ExperienceModel:
         if checker is None:
             raise ValueError(f"checked_verdicts needs an env with a trace_checker; the experience model's env is {env!r}")
         return cast(Callable[[str, str, ExperiencePrediction], "ExperiencePrediction | None"], checker)
+
+    def _trace_premise(self) -> Callable[[str, str, str], str | None] | None:
+        if not self.protocol.computed_premises:
+            return None
+        env = self.cfg.env or self.cfg.retrieval_env
+        env_spec = find_spec(env) if env else None
+        premise = env_spec.load("trace_premise") if env_spec is not None else None
+        if premise is None:
+            raise ValueError(f"computed_premises needs an env with a trace_premise; the experience model's env is {env!r}")
+        if getattr(self.llm, "tokenizer", None) is None or getattr(self.llm, "generate_rows", None) is None \
+                or getattr(self.llm, "encode", None) is None:
+            raise ValueError("computed_premises starts generation inside the answer: it needs a local (hf) model")
+        return cast(Callable[[str, str, str], "str | None"], premise)
+
+    def _premises(self, queries: Sequence[ExperienceQuery], layouts: Sequence[ProtocolConfig]) -> list[str]:
+        """Each query's answer opening from the env's premise (``computed_premises``), "" where there is none."""
+        if self.premise is None:
+            return [""] * len(queries)
+        out = []
+        for q, layout in zip(queries, layouts, strict=True):
+            premise = self.premise(q.instruction, q.state, q.action)
+            out.append("" if premise is None else premise_text(premise, q, layout))
+        return out
 
     def _check(self, query: ExperienceQuery, pred: ExperiencePrediction) -> ExperiencePrediction:
         """``pred`` with its trace's verdicts recomputed by the env's checker (``checked_verdicts``), counted."""
@@ -171,10 +209,7 @@ class ExperienceModel:
             return cls(load_llm(model), cfg, buffer)
         path = Path(model)
         if cfg is None and (path / CONFIG_FILE).exists():
-            try:
-                cfg = ExperienceConfig.model_validate_json((path / CONFIG_FILE).read_text())
-            except ValueError as e:
-                raise ValueError(f"{path / CONFIG_FILE}: invalid experience config ({str(e).splitlines()[0]})") from None
+            cfg = read_experience_config(path)
         head = RewardHead.load(path) if cfg is not None and cfg.reward_head else None
         return cls(load_llm(LLMConfig(backend="hf", model=str(path), device=device)), cfg, buffer, head)
 
@@ -254,6 +289,8 @@ class ExperienceModel:
         results: list[ExperiencePrediction | None] = [None] * len(queries)
         reasons: dict[int, str] = {i: "truncated" for i, p in enumerate(fitted) if p is None}  # cannot fit at all
         pending = [i for i, p in enumerate(fitted) if p is not None]
+        openings = self._premises(queries, layouts)
+        self.premised += sum(bool(openings[i]) for i in pending)
         for attempt in range(1 + self.cfg.max_resamples):
             if not pending:
                 break
@@ -266,10 +303,10 @@ class ExperienceModel:
             )
             if attempt:
                 self.resamples += len(pending)
-            completions = self._generate([prompts[i] for i in pending], params)
+            completions = self._generate([prompts[i] for i in pending], params, [openings[i] for i in pending])
             still = []
             for i, c in zip(pending, completions, strict=True):
-                parsed = parse_output(c.text, layouts[i], length_limited=c.finish_reason == "length",
+                parsed = parse_output(openings[i] + c.text, layouts[i], length_limited=c.finish_reason == "length",
                                       query=queries[i])
                 if parsed.prediction is not None and self.cfg.unique_elements \
                         and repeats_element(parsed.prediction.next_state):
@@ -292,24 +329,33 @@ class ExperienceModel:
             self.stats.add(ParseResult(None, reasons[i]))
         return self._head(queries, [r for r in results if r is not None])
 
-    def _generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Completion]:
+    def _generate(self, prompts: list[Prompt], params: SamplingParams, openings: list[str]) -> list[Completion]:
         """``llm.generate``; with ``prompt_budget`` on a local model each row writes at most what its own prompt
-        leaves of the context (row i seeded ``params.seed + i``, as in one ``generate`` call)."""
+        leaves of the context (row i seeded ``params.seed + i``, as in one ``generate`` call). A row with an
+        opening (``computed_premises``) starts its answer with it, tokenized as SFT tokenizes a target, and its
+        completion is what follows it, within the same ``max_new_tokens`` in all."""
         limit = getattr(self.llm, "max_length", None)
         encode = getattr(self.llm, "encode", None)
         rows = getattr(self.llm, "generate_rows", None)
-        if self.cfg.prompt_budget is None or limit is None or encode is None or rows is None:
+        if not any(openings) and (self.cfg.prompt_budget is None or limit is None or encode is None or rows is None):
             return self.llm.generate(prompts, params)
-        ids = [encode(p) for p in prompts]
-        per_row = [dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, limit - len(x)),
+        assert encode is not None and rows is not None  # computed_premises checked these at construction
+        tokenizer: Any = self.llm.tokenizer
+        opened = [tokenizer(o, add_special_tokens=False).input_ids if o else [] for o in openings]
+        ids = [encode(p) + o for p, o in zip(prompts, opened, strict=True)]
+        room = [limit - len(x) if limit is not None and self.cfg.prompt_budget is not None else params.max_new_tokens
+                for x in ids]
+        per_row = [dataclasses.replace(params, max_new_tokens=max(1, min(params.max_new_tokens - len(o), r)),
                                        seed=None if params.seed is None else params.seed + i)
-                   for i, x in enumerate(ids)]
+                   for i, (o, r) in enumerate(zip(opened, room, strict=True))]
         return cast(list[Completion], rows(ids, per_row))
 
     def stats_dict(self) -> dict[str, Any]:
         out = {**self.stats.as_dict(), "resamples": self.resamples, "shortened_prompts": self.shortened_prompts}
         if self.checker is not None:
             out |= {"checked_verdicts": self.checked, "recomputed_verdicts": self.recomputed}
+        if self.premise is not None:
+            out |= {"premised": self.premised}
         if self.reward_head is not None:
             out |= {"head_rewards": self.head_rewards, "head_changed_rewards": self.head_changed}
         return out

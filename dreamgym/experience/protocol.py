@@ -212,6 +212,12 @@ class ProtocolConfig(BaseModel):
     # recomputed from the text the trace compares, by the env's EnvSpec.trace_checker (ExperienceModel.predict):
     # the model only has to write what to compare. It changes no prompt or target, only how an output is read.
     checked_verdicts: bool = False
+    # The start of a trace that the env's explainer computes from the query alone (EnvSpec.trace_premise: TextWorld's
+    # recipe traces say which ingredients are carried and which are missing) is written by the env, and the model
+    # writes its trace on from there (ExperienceModel.predict): the 1.3M M_exp copies the recipe but does not work
+    # out what is missing. Training checks that the data's traces start with the premises (train_experience_model).
+    # It changes no prompt or target, only where generation starts.
+    computed_premises: bool = False
     # The TASK line last in the user message, right before the output, instead of first: the copy-first base writes
     # the page's price in 20-30 of 31 val purchase traces and the task's price bound in 0-2, so is it the distance?
     # No: from the shipped base, 3 seeds on val, nothing moves (terminal reward accuracy -0.011 +- 0.046, the task's
@@ -222,6 +228,8 @@ class ProtocolConfig(BaseModel):
     def _element_refs_need_copy_refs(self) -> ProtocolConfig:
         if self.element_refs and not self.copy_refs:
             raise ValueError("element_refs is a kind of copy reference: set copy_refs too")
+        if self.computed_premises and not self.reasoning:
+            raise ValueError("computed_premises start the reasoning trace: it needs reasoning")
         return self
 
     def system_text(self) -> str:
@@ -478,6 +486,13 @@ def _refs_target(next_state: str, reward: float, done: bool, success: bool, reas
     ctx = ref_context(query, cfg)
     reasoning = None if reasoning is None else encode_inline(reasoning.strip(), ctx)
     return format_target(encode_refs(next_state.strip(), ctx), reward, done, success, reasoning, cfg)
+
+
+def premise_text(premise: str, query: ExperienceQuery, cfg: ProtocolConfig) -> str:
+    """The opening of a target whose trace starts with ``premise`` (``computed_premises``), written as the target
+    writes it: the think tag, then the premise (pointing into ``query``'s prompt in layout ``cfg`` with copy
+    references)."""
+    return "<think>" + (encode_inline(premise.strip(), ref_context(query, cfg)) if cfg.copy_refs else premise.strip())
 
 
 def step_target(traj: Trajectory, t: int, reasoning: str | None, cfg: ProtocolConfig,

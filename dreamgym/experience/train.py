@@ -41,6 +41,7 @@ from dreamgym.experience.protocol import (
     ProtocolConfig,
     build_messages,
     build_prompt_text,
+    premise_text,
     prompt_layouts,
     retarget,
     step_target,
@@ -148,6 +149,34 @@ def exp_pairs(
             raise DataError(f"trajectory {traj.traj_id} step {t}: {e}") from None
         pairs.append((query, SFTExample(prompt, target)))
     return pairs
+
+
+def check_premises(pairs: Sequence[tuple[ExperienceQuery, SFTExample]], protocol_cfg: ProtocolConfig,
+                   env: str | None) -> int:
+    """How many examples ``computed_premises`` would start from the env's premise (0 without the option). Raises
+    :class:`DataError` when a target does not start as its premise does (its traces were annotated without the
+    options the premises assume, e.g. TextWorld's ``annotator_options: {recipe: true}``): served that way, the
+    model would be handed openings it never wrote."""
+    if not protocol_cfg.computed_premises:
+        return 0
+    from dreamgym.envs.base import find_spec
+
+    spec = find_spec(env) if env else None
+    premise = spec.load("trace_premise") if spec is not None else None
+    if premise is None:
+        raise DataError(f"computed_premises needs an env with a trace_premise; the training data's env is {env!r}")
+    premised, wrong = 0, []
+    for query, ex in pairs:
+        p = premise(query.instruction, query.state, query.action)
+        if p is None:
+            continue
+        premised += 1
+        if not ex.target.startswith(premise_text(p, query, protocol_cfg)):
+            wrong.append(query.action)
+    if wrong:
+        raise DataError(f"{len(wrong)} of {premised} targets do not start with {env}'s computed premise (the first "
+                        f"for action {wrong[0]!r}): were the traces annotated with the options it assumes?")
+    return premised
 
 
 def fit_examples(
@@ -424,6 +453,9 @@ def train_experience_model(
             buffer.close()
     if building:
         os.replace(partial, buffer_path)
+    envs = {t.task.env for t in trajs}
+    env = next(iter(envs)) if len(envs) == 1 else None
+    premised = check_premises(pairs, protocol_cfg, env)
     examples = [ex for _, ex in pairs]
     query_of = {id(ex): query for query, ex in pairs}
     transitions = len(examples)
@@ -452,8 +484,7 @@ def train_experience_model(
     target_tokens_of.update(target_token_counts(tokenizer, [ex for ex in examples if ex.target not in target_tokens_of]))
     lengths = [target_tokens_of[ex.target] for ex in examples]
     target_tokens = sum(lengths)
-    envs = {t.task.env for t in trajs}
-    exp_cfg = ExperienceConfig.from_protocol(protocol_cfg, chat=chat, env=envs.pop() if len(envs) == 1 else None,
+    exp_cfg = ExperienceConfig.from_protocol(protocol_cfg, chat=chat, env=env,
                                              max_new_tokens=target_token_limit(lengths),
                                              prompt_budget=served,
                                              reward_head=reward_head)
@@ -507,6 +538,7 @@ def train_experience_model(
         "snapshots": snapshots,
         "data": [str(p) for p in data_paths],
         "reward_head": head.summary if head is not None else None,
+        "premised_transitions": premised,
     }
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
     return summary

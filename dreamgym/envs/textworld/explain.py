@@ -9,13 +9,19 @@ before the page it decides (a meal is made only when every ingredient is carried
 
     "take red potato from counter" listed: valid; recipe: purple potato, red bell pepper; red potato not needed; ...
     "prepare meal" listed: valid; recipe: purple potato, red bell pepper; carried: purple potato; missing red bell pepper; ...
+
+Everything before the last ``...`` is read from the step's query alone (the task, the state, the action), so
+:func:`trace_premise` writes it at inference too: with ``ProtocolConfig.computed_premises`` the experience model is
+handed that start of its trace and writes the rest (what changes, the page), as a program-aided model hands its
+arithmetic to an interpreter. The 1.3M-parameter M_exp copies the recipe but does not compute which ingredient is
+missing (journal, "What the TextWorld dreams paid for").
 """
 
 from __future__ import annotations
 
 import re
 
-from dreamgym.envs.explain_diff import ParsedState, explain_text_trajectory
+from dreamgym.envs.explain_diff import ParsedState, explain_text_trajectory, listed_head
 from dreamgym.envs.textworld.policies import PREPARE
 from dreamgym.types import Explanation, Trajectory, Transition
 
@@ -75,20 +81,36 @@ def meal_outcome(state: str, action: str, next_state: str, needed: list[str]) ->
     return all(_carried(state, n) for n in needed), meals(next_state) > meals(state)
 
 
+def recipe_segment(state: str, action: str, needed: list[str]) -> str | None:
+    """What the recipe says of a ``take`` or ``prepare meal`` from ``state`` (None for other actions)."""
+    segment = f"recipe: {', '.join(needed)}"
+    if action == PREPARE:
+        have = [n for n in needed if _carried(state, n)]
+        missing = [n for n in needed if n not in have]
+        return segment + f"; carried: {', '.join(have) or 'none'}; " + (f"missing {', '.join(missing)}" if missing
+                                                                         else "none missing")
+    if (take := _TAKE.match(action)) is not None:
+        item = take.group(1)
+        return segment + f"; {item} {'needed' if item in needed else 'not needed'}"
+    return None
+
+
 def recipe_trace(trace: str, x: Transition, needed: list[str]) -> str:
     """``trace`` with the recipe's segment after its head, for a valid ``take`` or ``prepare meal``."""
     head, sep, rest = trace.partition("; ")
-    if not sep or not head.endswith(": valid"):
-        return trace
-    segment = f"recipe: {', '.join(needed)}"
-    if x.action == PREPARE:
-        have = [n for n in needed if _carried(x.state, n)]
-        missing = [n for n in needed if n not in have]
-        segment += f"; carried: {', '.join(have) or 'none'}; " + (f"missing {', '.join(missing)}" if missing
-                                                                  else "none missing")
-    elif (take := _TAKE.match(x.action)) is not None:
-        item = take.group(1)
-        segment += f"; {item} {'needed' if item in needed else 'not needed'}"
-    else:
+    segment = recipe_segment(x.state, x.action, needed)
+    if not sep or not head.endswith(": valid") or segment is None:
         return trace
     return f"{head}; {segment}; {rest}"
+
+
+def trace_premise(instruction: str, state: str, action: str) -> str | None:
+    """The start of the recipe trace (``annotator_options: {recipe: true}``) of a ``take`` or ``prepare meal`` that
+    ``state`` offers, from the query alone: its head and the recipe's segment, up to the ``;`` after which the
+    annotator writes what the step changes. None for other actions, for one the page does not offer (the annotator
+    reads the game's full admissible list, which the page may cut), and for a task without a recipe."""
+    needed = recipe_ingredients(instruction)
+    segment = recipe_segment(state, action, needed) if needed else None
+    if segment is None or action not in ParsedState.parse(state).elements.get("command", []):
+        return None
+    return f"{listed_head(action, True)}: valid; {segment}"
