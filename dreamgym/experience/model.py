@@ -139,24 +139,26 @@ class ExperienceModel:
         self.premise = self._trace_premise()
         self.premised = 0  # generations started from the env's premise (computed_premises)
 
+    def _env_hook(self, option: str, field: str) -> Any:
+        """The model's env's :class:`~dreamgym.envs.base.EnvSpec` ``field``, which ProtocolConfig ``option`` uses;
+        ValueError when the env has none."""
+        env = self.cfg.env or self.cfg.retrieval_env
+        env_spec = find_spec(env) if env else None
+        hook = env_spec.load(field) if env_spec is not None else None
+        if hook is None:
+            raise ValueError(f"{option} needs an env with a {field}; the experience model's env is {env!r}")
+        return hook
+
     def _trace_checker(self) -> Callable[[str, str, ExperiencePrediction], ExperiencePrediction | None] | None:
         if not self.protocol.checked_verdicts:
             return None
-        env = self.cfg.env or self.cfg.retrieval_env
-        env_spec = find_spec(env) if env else None
-        checker = env_spec.load("trace_checker") if env_spec is not None else None
-        if checker is None:
-            raise ValueError(f"checked_verdicts needs an env with a trace_checker; the experience model's env is {env!r}")
-        return cast(Callable[[str, str, ExperiencePrediction], "ExperiencePrediction | None"], checker)
+        return cast(Callable[[str, str, ExperiencePrediction], "ExperiencePrediction | None"],
+                    self._env_hook("checked_verdicts", "trace_checker"))
 
     def _trace_premise(self) -> Callable[[str, str, str], str | None] | None:
         if not self.protocol.computed_premises:
             return None
-        env = self.cfg.env or self.cfg.retrieval_env
-        env_spec = find_spec(env) if env else None
-        premise = env_spec.load("trace_premise") if env_spec is not None else None
-        if premise is None:
-            raise ValueError(f"computed_premises needs an env with a trace_premise; the experience model's env is {env!r}")
+        premise = self._env_hook("computed_premises", "trace_premise")
         if getattr(self.llm, "tokenizer", None) is None or getattr(self.llm, "generate_rows", None) is None \
                 or getattr(self.llm, "encode", None) is None:
             raise ValueError("computed_premises starts generation inside the answer: it needs a local (hf) model")
