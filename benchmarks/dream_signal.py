@@ -13,7 +13,9 @@ taken five times; the real game's pages never do). On TextWorld the rollouts' ``
 counted by whether every ingredient of the task's recipe was carried and whether the next page made the meal: the
 real game makes it exactly when none is missing, so a meal made with one missing is a reward the real game never pays
 (``--data`` on real episodes checks the count: 0 such meals there), and the paid episodes by the meals they made:
-the real game pays only for eating one made with none missing.
+the real game pays only for eating one made with none missing. And its ``open X`` steps by whether the next page
+offers to take a recipe ingredient from X: what a container holds is hidden until opened, so a dream that invents
+it can hide the recipe from the policy (the real game's data says how often opening reveals one).
 """
 
 from __future__ import annotations
@@ -80,10 +82,11 @@ def repeated_pages(trajs: list[tuple[str, dict[str, Any]]]) -> dict[str, int]:
 def meal_verdicts(trajs: list[tuple[str, dict[str, Any]]]) -> dict[str, int] | None:
     """TextWorld's ``prepare meal`` steps by (every recipe ingredient carried, meal made), and the paid episodes by
     the meals they made; None where no episode's task names a recipe or no step prepares a meal."""
-    from dreamgym.envs.textworld.explain import meal_outcome, recipe_ingredients
+    from dreamgym.envs.textworld.explain import meal_outcome, recipe_ingredients, revealed_ingredients
 
     counts = {"ready_made": 0, "ready_refused": 0, "missing_made": 0, "missing_refused": 0,
-              "paid_episodes": 0, "paid_after_ready_meal": 0, "paid_after_missing_meal_only": 0, "paid_without_meal": 0}
+              "paid_episodes": 0, "paid_after_ready_meal": 0, "paid_after_missing_meal_only": 0, "paid_without_meal": 0,
+              "opens": 0, "opens_revealing_ingredient": 0}
     for where, traj in trajs:
         try:
             needed = recipe_ingredients(str((traj.get("task") or {}).get("instruction", "")))
@@ -97,6 +100,9 @@ def meal_verdicts(trajs: list[tuple[str, dict[str, Any]]]) -> dict[str, int] | N
                 counts[f"{'ready' if outcome[0] else 'missing'}_{'made' if outcome[1] else 'refused'}"] += 1
                 if outcome[1]:
                     made.add("ready" if outcome[0] else "missing")
+            if (revealed := revealed_ingredients(state, action, next_state, needed)) is not None:
+                counts["opens"] += 1
+                counts["opens_revealing_ingredient"] += bool(revealed)
         if needed and traj.get("success"):  # the real game pays only for eating a meal made with none missing
             counts["paid_episodes"] += 1
             counts["paid_after_ready_meal" if "ready" in made else "paid_after_missing_meal_only" if made
@@ -138,7 +144,8 @@ def _meals_text(m: dict[str, int] | None) -> str:
     return (f"; meals made with an ingredient missing {m['missing_made']} of {missing} such prepares (the real game: 0), "
             f"with none missing {m['ready_made']} of {m['ready_made'] + m['ready_refused']}; of {m['paid_episodes']} paid "
             f"episodes {m['paid_after_ready_meal']} made a meal with none missing, {m['paid_after_missing_meal_only']} "
-            f"only with one missing, {m['paid_without_meal']} none")
+            f"only with one missing, {m['paid_without_meal']} none; {m['opens_revealing_ingredient']} of {m['opens']} "
+            "opens offered a recipe ingredient")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -81,6 +81,18 @@ def meal_outcome(state: str, action: str, next_state: str, needed: list[str]) ->
     return all(_carried(state, n) for n in needed), meals(next_state) > meals(state)
 
 
+def revealed_ingredients(state: str, action: str, next_state: str, needed: list[str]) -> list[str] | None:
+    """For an ``open X`` step: the ingredients in ``needed`` that ``next_state`` newly offers to take from X (what
+    the container held, which no earlier page shows: the real game's fridge holds the recipe's ingredients in most
+    games). None for other actions."""
+    if not action.startswith("open "):
+        return None
+    source = action.removeprefix("open ")
+    before = set(ParsedState.parse(state).elements.get("command", []))
+    after = set(ParsedState.parse(next_state).elements.get("command", [])) - before
+    return [n for n in needed if f"take {n} from {source}" in after]
+
+
 def recipe_segment(state: str, action: str, needed: list[str]) -> str | None:
     """What the recipe says of a ``take`` or ``prepare meal`` from ``state`` (None for other actions)."""
     segment = f"recipe: {', '.join(needed)}"
