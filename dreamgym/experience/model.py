@@ -342,7 +342,7 @@ class ExperienceModel:
         if not any(openings) and (self.cfg.prompt_budget is None or limit is None or encode is None or rows is None):
             return self.llm.generate(prompts, params)
         assert encode is not None and rows is not None  # computed_premises checked these at construction
-        tokenizer: Any = self.llm.tokenizer
+        tokenizer: Any = self.llm.tokenizer if any(openings) else None
         opened = [tokenizer(o, add_special_tokens=False).input_ids if o else [] for o in openings]
         ids = [encode(p) + o for p, o in zip(prompts, opened, strict=True)]
         room = [limit - len(x) if limit is not None and self.cfg.prompt_budget is not None else params.max_new_tokens
