@@ -1,6 +1,6 @@
 """Which parts of M_exp's training prompts a token budget keeps: the whole prompt, its neighbours, its history, its state.
 
-    python benchmarks/prompt_layouts.py RUN/seed0 --budget 512 [--every 8] [--out FILE.json]
+    python benchmarks/prompt_layouts.py RUN/seed0 --budget 512 [--every 8] [--cut-history-first] [--out FILE.json]
 
 For every ``--every``-th training example of a bench seed's M_exp (its offline data, protocol and neighbours from a
 fresh buffer of that data, as ``train-exp`` builds them), the layout :func:`~dreamgym.experience.protocol.fit_prompt`
@@ -9,6 +9,8 @@ same under the rule before ``ExperienceConfig.prompt_budget``, where each exampl
 target. Counts: prompts kept whole, with a neighbour, with their whole history, with their whole state, and targets
 with copy references (``copy_refs``) to text the fitted prompt lacks (``refs_to_dropped_text``; of these, to the
 dropped neighbour: ``refs_to_dropped_neighbour``), which SFT taught before ``ProtocolConfig.layout_refs``.
+``--cut-history-first`` fits the prompts as ``ProtocolConfig.cut_history_first`` would (the history before the
+neighbours), whatever the model was trained with.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("seed_dir", type=Path)
     ap.add_argument("--budget", type=int, required=True, help="prompt tokens")
     ap.add_argument("--every", type=int, default=8, help="every n-th training example")
+    ap.add_argument("--cut-history-first", action="store_true",
+                    help="fit as ProtocolConfig.cut_history_first would: the history before the neighbours")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     summary_file = args.seed_dir / "experience_model" / "summary.json"
@@ -41,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
 
     summary = json.loads(summary_file.read_text())
     protocol = ProtocolConfig(**summary["protocol"])
+    if args.cut_history_first:
+        protocol = protocol.model_copy(update={"cut_history_first": True})
     refs = protocol.model_copy(update={"layout_refs": True})  # exp_pairs' targets point into the whole query
     trajs = read_training_data(summary["data"])
     with tempfile.TemporaryDirectory() as tmp:

@@ -466,4 +466,5 @@ def test_protocol_teacher_and_index_configs_are_strict_pydantic_models() -> None
     assert set(old.model_dump()) == {"history_window", "history_states", "k", "neighbour_states", "reasoning",
                                      "max_state_chars", "max_neighbour_chars", "system_prompt", "ground_action",
                                      "copy_refs", "exact_neighbours", "checked_verdicts", "task_last",
-                                     "same_action_neighbours", "layout_refs", "element_refs", "computed_premises"}
+                                     "same_action_neighbours", "layout_refs", "element_refs", "computed_premises",
+                                     "cut_history_first"}

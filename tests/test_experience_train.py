@@ -343,6 +343,15 @@ def test_sft_shortens_a_long_prompt_by_the_rule_inference_uses(annotated, tmp_pa
     layouts = [(c.k, c.history_window, c.max_state_chars) for c in shorter_layouts(query, cfg)]
     assert layouts[:5] == [(1, 3, 1200), (0, 3, 1200), (0, 2, 1200), (0, 1, 1200), (0, 0, 1200)]
     assert all(k == 0 and w == 0 and chars < 1200 for k, w, chars in layouts[5:]) and len(layouts) > 5
+    # cut_history_first: the history goes before the neighbour (what the state hides is in the neighbour)
+    keep = cfg.model_copy(update={"cut_history_first": True})
+    kept = [(c.k, c.history_window, c.max_state_chars) for c in shorter_layouts(query, keep)]
+    assert kept[:5] == [(2, 2, 1200), (2, 1, 1200), (2, 0, 1200), (1, 0, 1200), (0, 0, 1200)]
+    assert kept[5:] == layouts[5:]  # then the state, as before
+    shortened, was_cut = fit_prompt(query, keep, True, count, count(build_messages(query, keep.model_copy(
+        update={"history_window": 0}))))
+    assert was_cut and "(1)" in shortened[1]["content"] and "(2)" in shortened[1]["content"]  # type: ignore[index]
+    assert "HISTORY:" not in shortened[1]["content"]  # type: ignore[index]
     one_step = build_messages(query, cfg.model_copy(update={"k": 0, "history_window": 1}))
     shortened, was_cut = fit_prompt(query, cfg, True, count, count(one_step))
     assert was_cut and shortened == one_step and "HISTORY:\n#3 " in one_step[1]["content"]

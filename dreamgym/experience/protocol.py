@@ -218,6 +218,11 @@ class ProtocolConfig(BaseModel):
     # out what is missing. Training checks that the data's traces start with the premises (train_experience_model).
     # It changes no prompt or target, only where generation starts.
     computed_premises: bool = False
+    # A prompt over its token budget loses its history (oldest first) before its neighbours (shorter_layouts). The
+    # retrieved real transition is the prompt's only source of what the state hides (what TextWorld's fridge holds
+    # until it is opened): at a 512-token budget 12 of 1,439 TextWorld training prompts kept it, 1,281 their whole
+    # history (benchmarks/results/prompt_layouts_textworld_swap.json). False: neighbours first, the rule so far.
+    cut_history_first: bool = False
     # The TASK line last in the user message, right before the output, instead of first: the copy-first base writes
     # the page's price in 20-30 of 31 val purchase traces and the task's price bound in 0-2, so is it the distance?
     # No: from the shipped base, 3 seeds on val, nothing moves (terminal reward accuracy -0.011 +- 0.046, the task's
@@ -369,12 +374,16 @@ MIN_STATE_CHARS = 100  # the state is cut no shorter than this when a prompt is 
 def shorter_layouts(query: ExperienceQuery, cfg: ProtocolConfig) -> Iterator[ProtocolConfig]:
     """Ever shorter prompt layouts for ``query``, for a prompt over its token budget: the neighbours dropped one at
     a time (the least similar first), then the history one step at a time (the oldest first; the steps left keep
-    their numbers), then the state cut to fewer whole lines (its character limit halved, down to
+    their numbers), or the history first with ``cfg.cut_history_first``, then the state cut to fewer whole lines (its character limit halved, down to
     :data:`MIN_STATE_CHARS`). The system text and the TASK, ACTION and TARGET lines are never cut."""
-    for k in range(min(cfg.k, len(query.retrieved)) - 1, -1, -1):
-        yield cfg.model_copy(update={"k": k})
-    for window in range(min(cfg.history_window, len(query.history)) - 1, -1, -1):
-        yield cfg.model_copy(update={"k": 0, "history_window": window})
+    neighbours = [{"k": k} for k in range(min(cfg.k, len(query.retrieved)) - 1, -1, -1)]
+    history = [{"history_window": w} for w in range(min(cfg.history_window, len(query.history)) - 1, -1, -1)]
+    if cfg.cut_history_first:
+        steps = history + [{"history_window": 0, **k} for k in neighbours]
+    else:
+        steps = neighbours + [{"k": 0, **w} for w in history]
+    for update in steps:
+        yield cfg.model_copy(update=update)
     chars = min(cfg.max_state_chars or len(query.state), len(query.state.strip()))
     while chars > MIN_STATE_CHARS:
         chars //= 2
