@@ -25,7 +25,7 @@ from serve_budget import KEYS, score
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dreamgym.experience.model import ExperienceConfig
+    from dreamgym.experience.model import read_experience_config
     from dreamgym.pipeline import DemoConfig, annotate, collect_episodes
     from dreamgym.types import read_trajectories
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for d in args.seed_dirs:
         cfg = DemoConfig.model_validate(yaml.safe_load((d / "demo_config.yaml").read_text()))
-        exp_cfg = ExperienceConfig.model_validate_json((d / "experience_model" / "experience.json").read_text())
+        exp_cfg = read_experience_config(d / "experience_model")
         raw, annotated = d / "val_heldout.jsonl", d / "val_heldout_annotated.jsonl"
         collect_episodes(cfg, raw, cfg.heldout_episodes, "val", cfg.seed + 2, noise=cfg.heldout_noise)
         annotate(cfg, [raw], annotated)

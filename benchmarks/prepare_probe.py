@@ -117,7 +117,7 @@ def score(seed_dir: Path, cfg: Any, found: list[tuple[Any, str, str]], premises:
     torch.set_num_threads(int(cfg.exp_sft.get("num_threads") or 1))
     exp_cfg = read_experience_config(seed_dir / "experience_model")
     if premises:  # served with the env's computed premises, whatever the model was saved with
-        exp_cfg = exp_cfg.model_copy(update={"protocol": {**exp_cfg.protocol, "computed_premises": True}})
+        exp_cfg = exp_cfg.with_protocol(computed_premises=True)
     model = ExperienceModel.load(seed_dir / "experience_model", buffer=buffer, cfg=exp_cfg)
     predictions = model.predict([q for q, _, _ in found], seed=cfg.seed)
     said = [answer(p.next_state) for p in predictions]

@@ -83,11 +83,10 @@ def score(seed_dir: Path, cfg: Any, heldout: list[Any], budget: int | None, prem
 
     buffer = ReplayBuffer.open(seed_dir / "buffer", create=False, read_only=True) if (seed_dir / "buffer").is_dir() else None
     torch.set_num_threads(int(cfg.exp_sft.get("num_threads") or 1))
-    exp_cfg = read_experience_config(seed_dir / "experience_model")
-    update: dict[str, Any] = {"prompt_budget": budget}
+    exp_cfg = read_experience_config(seed_dir / "experience_model").model_copy(update={"prompt_budget": budget})
     if premises:
-        update["protocol"] = {**exp_cfg.protocol, "computed_premises": True}
-    model = ExperienceModel.load(seed_dir / "experience_model", buffer=buffer, cfg=exp_cfg.model_copy(update=update))
+        exp_cfg = exp_cfg.with_protocol(computed_premises=True)
+    model = ExperienceModel.load(seed_dir / "experience_model", buffer=buffer, cfg=exp_cfg)
     report = evaluate_experience_model(model, heldout, seed=cfg.seed)
     out = {k: report.get(k) for k in KEYS}
     out["next_state_copy_baseline_f1"] = report["next_state_copy_baseline"]["f1"]  # the page left as it was

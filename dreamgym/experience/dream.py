@@ -301,7 +301,7 @@ def load_dream(cfg: DreamConfig, env: str, env_kwargs: dict[str, Any], read_only
                                                    ("temperature", cfg.temperature),
                                                    ("unique_elements", cfg.unique_elements)) if v is not None}
     if cfg.computed_premises is not None:
-        overrides["protocol"] = {**exp_cfg.protocol, "computed_premises": cfg.computed_premises}
+        exp_cfg = exp_cfg.with_protocol(computed_premises=cfg.computed_premises)
     model = ExperienceModel.load(cfg.experience_model, buffer=buffer, cfg=exp_cfg.model_copy(update=overrides),
                                  device=cfg.device)
     return model, make(env, **env_kwargs), InitialStates.from_trajectories(offline)

@@ -87,9 +87,23 @@ class ExperienceConfig(BaseModel):
     def from_protocol(cls, protocol: ProtocolConfig, **kwargs: Any) -> ExperienceConfig:
         return cls(protocol=protocol.model_dump(), **kwargs)
 
+    def with_protocol(self, **fields: Any) -> ExperienceConfig:
+        """This config with ``fields`` of its protocol replaced (e.g. served with ``computed_premises``)."""
+        return self.model_copy(update={"protocol": {**self.protocol, **fields}})
+
 
 def save_experience_config(model_dir: str | os.PathLike[str], cfg: ExperienceConfig) -> None:
     Path(model_dir, CONFIG_FILE).write_text(cfg.model_dump_json(indent=2))
+
+
+def env_hook(env: str | None, option: str, field: str) -> Any:
+    """Env ``env``'s :class:`~dreamgym.envs.base.EnvSpec` ``field``, which ProtocolConfig ``option`` uses; ValueError
+    when the env has none."""
+    env_spec = find_spec(env) if env else None
+    hook = env_spec.load(field) if env_spec is not None else None
+    if hook is None:
+        raise ValueError(f"{option} needs an env with a {field}; the experience model's env is {env!r}")
+    return hook
 
 
 def read_experience_config(model_dir: str | os.PathLike[str]) -> ExperienceConfig:
@@ -139,26 +153,16 @@ class ExperienceModel:
         self.premise = self._trace_premise()
         self.premised = 0  # generations started from the env's premise (computed_premises)
 
-    def _env_hook(self, option: str, field: str) -> Any:
-        """The model's env's :class:`~dreamgym.envs.base.EnvSpec` ``field``, which ProtocolConfig ``option`` uses;
-        ValueError when the env has none."""
-        env = self.cfg.env or self.cfg.retrieval_env
-        env_spec = find_spec(env) if env else None
-        hook = env_spec.load(field) if env_spec is not None else None
-        if hook is None:
-            raise ValueError(f"{option} needs an env with a {field}; the experience model's env is {env!r}")
-        return hook
-
     def _trace_checker(self) -> Callable[[str, str, ExperiencePrediction], ExperiencePrediction | None] | None:
         if not self.protocol.checked_verdicts:
             return None
         return cast(Callable[[str, str, ExperiencePrediction], "ExperiencePrediction | None"],
-                    self._env_hook("checked_verdicts", "trace_checker"))
+                    env_hook(self.cfg.env or self.cfg.retrieval_env, "checked_verdicts", "trace_checker"))
 
     def _trace_premise(self) -> Callable[[str, str, str], str | None] | None:
         if not self.protocol.computed_premises:
             return None
-        premise = self._env_hook("computed_premises", "trace_premise")
+        premise = env_hook(self.cfg.env or self.cfg.retrieval_env, "computed_premises", "trace_premise")
         if getattr(self.llm, "tokenizer", None) is None or getattr(self.llm, "generate_rows", None) is None \
                 or getattr(self.llm, "encode", None) is None:
             raise ValueError("computed_premises starts generation inside the answer: it needs a local (hf) model")

@@ -374,8 +374,8 @@ MIN_STATE_CHARS = 100  # the state is cut no shorter than this when a prompt is 
 def shorter_layouts(query: ExperienceQuery, cfg: ProtocolConfig) -> Iterator[ProtocolConfig]:
     """Ever shorter prompt layouts for ``query``, for a prompt over its token budget: the neighbours dropped one at
     a time (the least similar first), then the history one step at a time (the oldest first; the steps left keep
-    their numbers), or the history first with ``cfg.cut_history_first``, then the state cut to fewer whole lines (its character limit halved, down to
-    :data:`MIN_STATE_CHARS`). The system text and the TASK, ACTION and TARGET lines are never cut."""
+    their numbers), or the history first with ``cfg.cut_history_first``, then the state cut to fewer whole lines
+    (its character limit halved, down to :data:`MIN_STATE_CHARS`). The system text and the TASK, ACTION and TARGET lines are never cut."""
     neighbours = [{"k": k} for k in range(min(cfg.k, len(query.retrieved)) - 1, -1, -1)]
     history = [{"history_window": w} for w in range(min(cfg.history_window, len(query.history)) - 1, -1, -1)]
     if cfg.cut_history_first:

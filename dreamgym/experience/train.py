@@ -34,7 +34,13 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from dreamgym.experience.annotate import REASONING_KEY, env_of
-from dreamgym.experience.model import CONFIG_FILE, ExperienceConfig, neighbours_of, save_experience_config
+from dreamgym.experience.model import (
+    CONFIG_FILE,
+    ExperienceConfig,
+    env_hook,
+    neighbours_of,
+    save_experience_config,
+)
 from dreamgym.experience.protocol import (
     TAG_TEXTS,
     ExperienceQuery,
@@ -159,12 +165,7 @@ def check_premises(pairs: Sequence[tuple[ExperienceQuery, SFTExample]], protocol
     model would be handed openings it never wrote."""
     if not protocol_cfg.computed_premises:
         return 0
-    from dreamgym.envs.base import find_spec
-
-    spec = find_spec(env) if env else None
-    premise = spec.load("trace_premise") if spec is not None else None
-    if premise is None:
-        raise DataError(f"computed_premises needs an env with a trace_premise; the training data's env is {env!r}")
+    premise = env_hook(env, "computed_premises", "trace_premise")
     premised, wrong = 0, []
     for query, ex in pairs:
         p = premise(query.instruction, query.state, query.action)
