@@ -15,7 +15,8 @@ real game makes it exactly when none is missing, so a meal made with one missing
 (``--data`` on real episodes checks the count: 0 such meals there), and the paid episodes by the meals they made:
 the real game pays only for eating one made with none missing. And its ``open X`` steps by whether the next page
 offers to take a recipe ingredient from X: what a container holds is hidden until opened, so a dream that invents
-it can hide the recipe from the policy (the real game's data says how often opening reveals one).
+it can hide the recipe from the policy (the real game's data says how often opening reveals one). Steps the dream
+recalled from the offline data (``DreamConfig.recall``: marked ``recalled`` in their info) are counted apart.
 """
 
 from __future__ import annotations
@@ -71,12 +72,19 @@ def read_rollouts(rollouts: Path) -> list[tuple[str, dict[str, Any]]] | None:
     return trajs
 
 
+def _recalled(step: Any) -> bool:
+    """Whether a dreamt step was recalled from the offline data, not generated (``DreamConfig.recall``)."""
+    return isinstance(step, dict) and isinstance(step.get("info"), dict) and bool(step["info"].get("recalled"))
+
+
 def repeated_pages(trajs: list[tuple[str, dict[str, Any]]]) -> dict[str, int]:
-    """How many next states list one ``[id] type: text`` element's text twice."""
+    """How many next states list one ``[id] type: text`` element's text twice, and how many were recalled."""
     from dreamgym.experience.protocol import repeats_element
 
-    pages = [str(x.get("next_state", "")) if isinstance(x, dict) else "" for _, t in trajs for x in t["transitions"]]
-    return {"pages": len(pages), "repeated_element_pages": sum(map(repeats_element, pages))}
+    steps = [x for _, t in trajs for x in t["transitions"]]
+    pages = [str(x.get("next_state", "")) if isinstance(x, dict) else "" for x in steps]
+    return {"pages": len(pages), "repeated_element_pages": sum(map(repeats_element, pages)),
+            "recalled_pages": sum(map(_recalled, steps))}
 
 
 def meal_verdicts(trajs: list[tuple[str, dict[str, Any]]]) -> dict[str, int] | None:
@@ -86,16 +94,16 @@ def meal_verdicts(trajs: list[tuple[str, dict[str, Any]]]) -> dict[str, int] | N
 
     counts = {"ready_made": 0, "ready_refused": 0, "missing_made": 0, "missing_refused": 0,
               "paid_episodes": 0, "paid_after_ready_meal": 0, "paid_after_missing_meal_only": 0, "paid_without_meal": 0,
-              "opens": 0, "opens_revealing_ingredient": 0}
+              "opens": 0, "opens_revealing_ingredient": 0, "opens_recalled": 0}
     for where, traj in trajs:
         try:
             needed = recipe_ingredients(str((traj.get("task") or {}).get("instruction", "")))
-            steps = [(str(x["state"]), str(x["action"]), str(x["next_state"]))
+            steps = [(str(x["state"]), str(x["action"]), str(x["next_state"]), _recalled(x))
                      for x in (traj["transitions"] if needed else [])]
         except (KeyError, TypeError, AttributeError) as e:
             raise BadInput(f"{where}: not a trajectory ({e})") from None
         made = set()
-        for state, action, next_state in steps:
+        for state, action, next_state, recalled in steps:
             if (outcome := meal_outcome(state, action, next_state, needed)) is not None:
                 counts[f"{'ready' if outcome[0] else 'missing'}_{'made' if outcome[1] else 'refused'}"] += 1
                 if outcome[1]:
@@ -103,6 +111,7 @@ def meal_verdicts(trajs: list[tuple[str, dict[str, Any]]]) -> dict[str, int] | N
             if (revealed := revealed_ingredients(state, action, next_state, needed)) is not None:
                 counts["opens"] += 1
                 counts["opens_revealing_ingredient"] += bool(revealed)
+                counts["opens_recalled"] += recalled
         if needed and traj.get("success"):  # the real game pays only for eating a meal made with none missing
             counts["paid_episodes"] += 1
             counts["paid_after_ready_meal" if "ready" in made else "paid_after_missing_meal_only" if made
@@ -145,7 +154,7 @@ def _meals_text(m: dict[str, int] | None) -> str:
             f"with none missing {m['ready_made']} of {m['ready_made'] + m['ready_refused']}; of {m['paid_episodes']} paid "
             f"episodes {m['paid_after_ready_meal']} made a meal with none missing, {m['paid_after_missing_meal_only']} "
             f"only with one missing, {m['paid_without_meal']} none; {m['opens_revealing_ingredient']} of {m['opens']} "
-            "opens offered a recipe ingredient")
+            f"opens offered a recipe ingredient ({m['opens_recalled']} opens recalled)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['run']}: success {r['mean_success']}, groups with zero reward variance {r['zero_variance_groups']} "
               f"of {r['groups']}; wm2real: {w.get('invalid_in_real', '-')} of {w.get('episodes', '-')} replayed "
               f"episodes take an action the real env rejects, real success {w.get('real_success_rate', '-')}"
-              + (f"; {p['repeated_element_pages']} of {p['pages']} rollout pages list an element twice"
-                 if (p := r["rollout_pages"]) else "") + _meals_text(r["meals"]))
+              + (f"; {p['repeated_element_pages']} of {p['pages']} rollout pages list an element twice, "
+                 f"{p['recalled_pages']} recalled" if (p := r["rollout_pages"]) else "") + _meals_text(r["meals"]))
     for d in data:
         print(f"{d['data']}: {d['pages']['repeated_element_pages']} of {d['pages']['pages']} pages list an element twice"
               + _meals_text(d["meals"]))

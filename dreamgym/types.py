@@ -336,7 +336,8 @@ class Explanation:
 
 @dataclass(frozen=True)
 class ExperiencePrediction:
-    """M_exp's answer for one step. ``failure`` names the parse failure when this is the fallback."""
+    """M_exp's answer for one step. ``failure`` names the parse failure when this is the fallback; ``recalled``: the
+    answer is a recorded real transition's (:class:`~dreamgym.experience.recall.Recall`), not generated."""
 
     reasoning: str | None
     next_state: str
@@ -344,3 +345,4 @@ class ExperiencePrediction:
     done: bool
     success: bool
     failure: str | None = None
+    recalled: bool = False

@@ -23,7 +23,7 @@ from dreamgym.llm.tiny import init_tiny_model
 from dreamgym.replay import ReplayBuffer
 from dreamgym.rl.trainer import RLConfig, train
 from dreamgym.sft import MaskedCollator, tokenize_example
-from dreamgym.types import read_jsonl, write_jsonl
+from dreamgym.types import read_jsonl, read_trajectories, write_jsonl
 
 torch.set_num_threads(1)
 SHOP = {"num_products": 100}
@@ -187,4 +187,9 @@ def test_dream_config_overrides_the_served_experience_config(setup: dict[str, Pa
     model, env, _ = load_dream(DreamConfig(**base, buffer=str(tmp_path / "b2"), unique_elements=True,
                                            temperature=0.3), "shop", SHOP)
     assert model.cfg.unique_elements and model.cfg.temperature == 0.3 and model.cfg.max_new_tokens == 16
+    assert model.recall is None and "recalled" not in model.stats_dict()
+    env.close()
+    model, env, _ = load_dream(DreamConfig(**base, buffer=str(tmp_path / "b3"), recall=True), "shop", SHOP)
+    steps = sum(len(t.transitions) for t in read_trajectories(setup["offline"]))
+    assert model.recall is not None and 0 < len(model.recall) <= steps and model.stats_dict()["recalled"] == 0
     env.close()

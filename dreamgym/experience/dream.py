@@ -30,6 +30,7 @@ from dreamgym.envs.base import TextEnv
 from dreamgym.envs.pool import PoolHooks, StepResult, info_essentials
 from dreamgym.experience.model import ExperienceModel, read_experience_config
 from dreamgym.experience.protocol import ExperiencePrediction, ExperienceQuery
+from dreamgym.experience.recall import Recall
 from dreamgym.types import Source, Task, Trajectory, Transition
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,8 @@ class DreamEnv(TextEnv):
         if prediction.failure:
             self.dream_failures += 1
             info["dream_failure"] = prediction.failure
+        if prediction.recalled:
+            info["recalled"] = True
         self._record(state, action, prediction.next_state, prediction.reward, done, info)
         return prediction.next_state, prediction.reward, done, info
 
@@ -149,6 +152,8 @@ class DreamEnv(TextEnv):
         step_info = {"invalid_action": bool(info.get("invalid_action")), **({"truncated": True} if truncated else {})}
         if "dream_failure" in info:
             step_info["dream_failure"] = info["dream_failure"]
+        if info.get("recalled"):
+            step_info["recalled"] = True
         self.transitions.append(
             Transition(state=state, action=action, next_state=next_state, reward=reward,
                        done=done or truncated, info=step_info)
@@ -273,6 +278,10 @@ class DreamConfig(BaseModel):
     computed_premises: bool | None = Field(default=None, description="override experience.json: the env writes the "
                                            "start of each trace it can compute from the query, the model the rest "
                                            "(ProtocolConfig.computed_premises; its traces must start that way)")
+    recall: bool = Field(default=False, description="a step the offline data recorded (the same task, state and "
+                         "action) is answered as the real env answered it, not generated: the memory of its "
+                         "training data that an LLM M_exp has and the 1.3M one lacks (dreamgym.experience.recall); "
+                         "counted (recalled) and marked in the step's info")
     device: str = "cpu"
 
 
@@ -304,6 +313,7 @@ def load_dream(cfg: DreamConfig, env: str, env_kwargs: dict[str, Any], read_only
         exp_cfg = exp_cfg.with_protocol(computed_premises=cfg.computed_premises)
     model = ExperienceModel.load(cfg.experience_model, buffer=buffer, cfg=exp_cfg.model_copy(update=overrides),
                                  device=cfg.device)
+    model.recall = Recall.of(offline) if cfg.recall else None
     return model, make(env, **env_kwargs), InitialStates.from_trajectories(offline)
 
 

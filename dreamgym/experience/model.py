@@ -39,6 +39,7 @@ from dreamgym.experience.protocol import (
     premise_text,
     repeats_element,
 )
+from dreamgym.experience.recall import Recall
 from dreamgym.experience.reward_head import RewardHead
 from dreamgym.llm.base import LLM, Completion, LLMConfig, Prompt, SamplingParams
 from dreamgym.llm.load import load_llm
@@ -134,8 +135,10 @@ class ExperienceModel:
     """M_exp over any generation backend, with optional replay-buffer retrieval."""
 
     def __init__(self, llm: LLM, cfg: ExperienceConfig | None = None, buffer: ReplayBuffer | None = None,
-                 reward_head: RewardHead | None = None) -> None:
+                 reward_head: RewardHead | None = None, recall: Recall | None = None) -> None:
         self.llm = llm
+        self.recall = recall  # answers the steps the offline data recorded (DreamConfig.recall)
+        self.recalled = 0  # ... so many steps, not generated
         self.cfg = cfg or ExperienceConfig()
         if self.cfg.reward_head and reward_head is None:
             raise ValueError("the experience config asks for a reward head (reward_head: true) and none was given")
@@ -285,7 +288,24 @@ class ExperienceModel:
         exclude_traj: Sequence[str | None] | None = None,
         seed: int | None = None,
     ) -> list[ExperiencePrediction]:
-        """Next state, reward and done for each query, in one batched generation (plus resamples)."""
+        """Next state, reward and done for each query, in one batched generation (plus resamples); with a
+        :class:`~dreamgym.experience.recall.Recall`, the steps it holds are answered from it, not generated."""
+        recalled = [None if self.recall is None else self.recall(q) for q in queries]
+        todo = [i for i, r in enumerate(recalled) if r is None]
+        self.recalled += len(queries) - len(todo)
+        if len(todo) < len(queries):
+            generated = iter(self._predict([queries[i] for i in todo],
+                                           None if exclude_traj is None else [exclude_traj[i] for i in todo], seed))
+            return [r if r is not None else next(generated) for r in recalled]
+        return self._predict(queries, exclude_traj, seed)
+
+    def _predict(
+        self,
+        queries: Sequence[ExperienceQuery],
+        exclude_traj: Sequence[str | None] | None = None,
+        seed: int | None = None,
+    ) -> list[ExperiencePrediction]:
+        """:meth:`predict` by the model alone."""
         if not queries:
             return []
         queries = self.with_neighbours(queries, exclude_traj)
@@ -362,6 +382,8 @@ class ExperienceModel:
             out |= {"checked_verdicts": self.checked, "recomputed_verdicts": self.recomputed}
         if self.premise is not None:
             out |= {"premised": self.premised}
+        if self.recall is not None:
+            out |= {"recalled": self.recalled}
         if self.reward_head is not None:
             out |= {"head_rewards": self.head_rewards, "head_changed_rewards": self.head_changed}
         return out
