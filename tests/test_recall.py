@@ -112,3 +112,19 @@ def test_the_dream_recalls_recorded_steps_and_generates_the_rest(shop, offline: 
     assert steps[0].info.get("recalled") and not steps[1].info.get("recalled")
     assert model.stats_dict()["recalled"] == 1 and model.stats.total == 1  # parse stats count generated steps only
     pool.close()
+
+
+def test_written_rollouts_say_which_dreamt_steps_were_recalled() -> None:
+    """The trainer writes its episodes (``rollouts/``) with the dream's flags, which dream_signal.py counts."""
+    from dreamgym.rl.rollout import Episode, Turn
+
+    def turn(info: dict[str, object]) -> Turn:
+        return Turn(state="s", admissible=[], prompt_ids=[], response_ids=[], logprobs=None, text="a", action="a",
+                    parsed=True, next_state="n", env_reward=0.0, reward=0.0, terminated=False, truncated=False,
+                    info=info)
+
+    episode = Episode(task=Task(task_id="t0", env="toy", instruction="make tea"), group_id=0, seed=0,
+                      source="synthetic", turns=[turn({"recalled": True}), turn({"dream_failure": "bad_ref"}), turn({})])
+    infos = [x.info for x in episode.to_trajectory().transitions]
+    assert [i.get("recalled", False) for i in infos] == [True, False, False]
+    assert [i.get("dream_failure") for i in infos] == [None, "bad_ref", None]

@@ -128,6 +128,8 @@ class Episode:
             info: dict[str, Any] = {"invalid_action": t.invalid, "parsed": t.parsed, "admissible_actions": t.admissible}
             if t.truncated:
                 info["truncated"] = True
+            # the dream's word on how it answered the step: recalled from the offline data, or its failure state
+            info |= {k: t.info[k] for k in ("recalled", "dream_failure") if t.info.get(k)}
             transitions.append(
                 Transition(state=t.state, action=t.action, next_state=t.next_state, reward=t.env_reward,
                            done=t.done, info=info)
