@@ -1,6 +1,7 @@
 """Which parts of M_exp's training prompts a token budget keeps: the whole prompt, its neighbours, its history, its state.
 
-    python benchmarks/prompt_layouts.py RUN/seed0 --budget 512 [--every 8] [--cut-history-first] [--out FILE.json]
+    python benchmarks/prompt_layouts.py RUN/seed0 --budget 512 [--every 8] [--cut-history-first]
+        [--protocol '{"task_neighbours": true, "neighbour_changes": true}'] [--out FILE.json]
 
 For every ``--every``-th training example of a bench seed's M_exp (its offline data, protocol and neighbours from a
 fresh buffer of that data, as ``train-exp`` builds them), the layout :func:`~dreamgym.experience.protocol.fit_prompt`
@@ -10,7 +11,10 @@ target. Counts: prompts kept whole, with a neighbour, with their whole history, 
 with copy references (``copy_refs``) to text the fitted prompt lacks (``refs_to_dropped_text``; of these, to the
 dropped neighbour: ``refs_to_dropped_neighbour``), which SFT taught before ``ProtocolConfig.layout_refs``.
 ``--cut-history-first`` fits the prompts as ``ProtocolConfig.cut_history_first`` would (the history before the
-neighbours), whatever the model was trained with.
+neighbours), whatever the model was trained with; ``--protocol`` (a JSON object of ``ProtocolConfig`` fields) likewise
+fits them under other protocol settings, e.g. neighbours of the same task and action shown as their new lines
+(``task_neighbours``, ``neighbour_changes``). ``with_task_neighbour`` counts the fitted prompts that keep a neighbour
+recorded in the step's task that took its action (its header says so).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=8, help="every n-th training example")
     ap.add_argument("--cut-history-first", action="store_true",
                     help="fit as ProtocolConfig.cut_history_first would: the history before the neighbours")
+    ap.add_argument("--protocol", default="{}", help="a JSON object of ProtocolConfig fields to fit the prompts under")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     summary_file = args.seed_dir / "experience_model" / "summary.json"
@@ -37,16 +42,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.seed_dir} holds no trained experience_model/, or --budget/--every < 1", file=sys.stderr)
         return 2
 
-    from dreamgym.experience.protocol import ProtocolConfig, fit_layout, retarget, truncate_lines
+    from dreamgym.experience.protocol import (
+        SAME_STEP,
+        SAME_TASK_ACTION,
+        ProtocolConfig,
+        fit_layout,
+        retarget,
+        truncate_lines,
+    )
     from dreamgym.experience.train import encode_prompt, exp_pairs, load_pretrained, read_training_data
     from dreamgym.replay import ReplayBuffer
     from dreamgym.replay.encoder import make_encoder
     from dreamgym.sft import encode_target
 
     summary = json.loads(summary_file.read_text())
-    protocol = ProtocolConfig(**summary["protocol"])
-    if args.cut_history_first:
-        protocol = protocol.model_copy(update={"cut_history_first": True})
+    try:
+        fields = json.loads(args.protocol)
+        protocol = ProtocolConfig(**{**summary["protocol"], **fields, **({"cut_history_first": True}
+                                                                        if args.cut_history_first else {})})
+    except (ValueError, TypeError) as e:  # pydantic's ValidationError is a ValueError
+        print(f"error: --protocol is not a JSON object of ProtocolConfig fields ({str(e).splitlines()[0]})",
+              file=sys.stderr)
+        return 2
     refs = protocol.model_copy(update={"layout_refs": True})  # exp_pairs' targets point into the whole query
     trajs = read_training_data(summary["data"])
     with tempfile.TemporaryDirectory() as tmp:
@@ -60,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         return len(encode_prompt(tokenizer, p))
 
     def kept(budget_of: Any) -> dict[str, int]:
-        out = {"prompts": 0, "whole": 0, "with_neighbour": 0, "whole_history": 0, "whole_state": 0, "none_fits": 0,
-               "refs_to_dropped_text": 0, "refs_to_dropped_neighbour": 0}
+        out = {"prompts": 0, "whole": 0, "with_neighbour": 0, "with_task_neighbour": 0, "whole_history": 0,
+               "whole_state": 0, "none_fits": 0, "refs_to_dropped_text": 0, "refs_to_dropped_neighbour": 0}
         for query, ex in pairs:
             out["prompts"] += 1
             fitted = fit_layout(query, protocol, summary["chat"], count, budget_of(ex))
@@ -77,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             text = "\n".join(m["content"] for m in prompt) if isinstance(prompt, list) else prompt
             out["whole"] += prompt == ex.prompt
             out["with_neighbour"] += "SIMILAR" in text
+            out["with_task_neighbour"] += f"(1) {SAME_TASK_ACTION}" in text or f"(1) {SAME_STEP}" in text
             start = max(0, len(query.history) - protocol.history_window) if protocol.history_window else len(query.history)
             out["whole_history"] += all(f"#{i} " in text for i in range(start + 1, len(query.history) + 1))
             out["whole_state"] += truncate_lines(query.state, protocol.max_state_chars) in text

@@ -347,6 +347,13 @@ def test_serve_budget_pairs_the_two_servings_by_seed_and_refuses_an_untrained_se
     bad = subprocess.run([sys.executable, str(layouts), str(tmp_path / "seed0"), "--budget", "512"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+    trained = tmp_path / "trained"
+    (trained / "experience_model").mkdir(parents=True)
+    (trained / "experience_model" / "summary.json").write_text(json.dumps({"protocol": {"k": 1}}))
+    for protocol in ('{"no_such_field": 1}', "[1]", "{not json"):
+        bad = subprocess.run([sys.executable, str(layouts), str(trained), "--budget", "512", "--protocol", protocol],
+                             capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and bad.stderr.startswith("error: --protocol") and "Traceback" not in bad.stderr
     bad = subprocess.run([sys.executable, str(script.parent / "exp_val.py"), str(tmp_path / "seed0"), "--out",
                           str(tmp_path / "v.json")], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr

@@ -461,10 +461,11 @@ def test_protocol_teacher_and_index_configs_are_strict_pydantic_models() -> None
     old = ExperienceConfig.model_validate_json(saved).protocol_config()
     assert (old.history_window, old.k, old.system_prompt, old.ground_action, old.copy_refs,
             old.exact_neighbours, old.checked_verdicts, old.task_last, old.same_action_neighbours, old.layout_refs,
-            old.computed_premises) == (2, 1, "", False, False, False, False, False, False, False, False)  # trained before
+            old.computed_premises, old.task_neighbours, old.neighbour_changes) == (
+        2, 1, "", False, False, False, False, False, False, False, False, False, False)  # trained before
     assert ExperienceConfig.from_protocol(old).protocol == old.model_dump()
     assert set(old.model_dump()) == {"history_window", "history_states", "k", "neighbour_states", "reasoning",
                                      "max_state_chars", "max_neighbour_chars", "system_prompt", "ground_action",
                                      "copy_refs", "exact_neighbours", "checked_verdicts", "task_last",
                                      "same_action_neighbours", "layout_refs", "element_refs", "computed_premises",
-                                     "cut_history_first"}
+                                     "cut_history_first", "task_neighbours", "neighbour_changes"}

@@ -20,6 +20,7 @@ from dreamgym.experience.model import ExperienceConfig, ExperienceModel
 from dreamgym.experience.protocol import ExperienceQuery, ProtocolConfig, action_target, step_target
 from dreamgym.experience.train import (
     exp_examples,
+    exp_pairs,
     exp_queries,
     fresh_tiny_model,
     mix,
@@ -270,6 +271,48 @@ def test_same_action_neighbours_show_the_page_the_action_opened_elsewhere_in_tra
     served = model.with_neighbours([query])[0]
     assert served.retrieved[0].next_state == "[1] text: item page of red mug"
     assert f"(1) {SAME_ACTION}" in build_user_text(served, same)
+
+
+def test_task_neighbours_show_what_the_action_revealed_in_the_same_task_as_new_lines(tmp_path: Path) -> None:
+    """With ``task_neighbours`` a step's neighbour is another episode of its task that took its action (the same
+    game's fridge opened from another state), headed "same task and action", in training and in the dream; with
+    ``neighbour_changes`` it shows only the lines its next state added, and copy references read those lines."""
+    from dreamgym.experience.protocol import SAME_TASK_ACTION, added_lines, build_user_text, parse_output
+
+    def page(carrying: str, *commands: str) -> str:
+        return "\n".join(["location: Kitchen", f"[i1] carrying: {carrying}",
+                          *(f"[c{i}] command: {c}" for i, c in enumerate(commands, start=1))])
+
+    def opened(i: int, game: str, carrying: str, food: str) -> Trajectory:
+        step = Transition(state=page(carrying, "open fridge", f"drop {carrying}"), action="open fridge",
+                          next_state=page(carrying, "close fridge", f"drop {carrying}", f"take {food} from fridge"),
+                          reward=0.0, done=False, info={"reasoning": "open"})
+        return Trajectory(traj_id=f"T{i}", task=Task(task_id=game, instruction=f"cook in {game}", env="toy"),
+                          transitions=[step])
+
+    # T0 and T1 open game A's fridge (an egg) carrying different things; T2 opens game B's (milk) carrying a knife.
+    trajs = [opened(0, "A", "a cookbook", "egg"), opened(1, "A", "a knife", "egg"), opened(2, "B", "a knife", "milk")]
+    assert added_lines(trajs[0].transitions[0].state, trajs[0].transitions[0].next_state) == \
+        "[c1] command: close fridge\n[c3] command: take egg from fridge"  # [c2] drop is on the state as [c2]
+    buffer = ReplayBuffer.open(tmp_path / "buf", encoder=HashingEncoder())
+    buffer.add_trajectories(trajs)
+    plain = ProtocolConfig(k=1, neighbour_states=False, system_prompt="", copy_refs=True, element_refs=True)
+    tasked = plain.model_copy(update={"task_neighbours": True, "neighbour_changes": True})
+    shown = {cfg.task_neighbours: {tr.traj_id: q.retrieved[0] for tr, _, q in exp_queries(trajs, cfg, buffer)}
+             for cfg in (plain, tasked)}
+    assert shown[False]["T1"].next_state.endswith("take milk from fridge")  # φ's nearest: game B's fridge
+    assert shown[True]["T1"].next_state.endswith("take egg from fridge")  # T0: game A's
+    query, example = exp_pairs(trajs, tasked, buffer, chat=False)[1]  # T1's one step
+    assert isinstance(example.prompt, str) and f"(1) {SAME_TASK_ACTION}" in example.prompt
+    assert "⇒ new lines:\n[c1] command: close fridge\n[c3] command: take egg from fridge\n| r=0.00" in example.prompt
+    assert "drop a cookbook" not in example.prompt  # T0's unchanged lines are not shown
+    parsed = parse_output(example.target, tasked, query=query)  # the target's references read the shown lines
+    assert parsed.prediction is not None and parsed.prediction.next_state == trajs[1].transitions[0].next_state
+    # The dream's retrieval (ExperienceModel.with_neighbours) follows the model's protocol.
+    dreamt = ExperienceQuery("cook in A", [], [], page("a pan", "open fridge", "drop a pan"), "open fridge")
+    model = ExperienceModel(object(), ExperienceConfig.from_protocol(tasked), buffer=buffer)  # type: ignore[arg-type]
+    served = model.with_neighbours([dreamt])[0]
+    assert served.retrieved[0].instruction == "cook in A" and f"(1) {SAME_TASK_ACTION}" in build_user_text(served, tasked)
 
 
 def test_neighbours_show_real_endings_only_like_the_targets(tmp_path: Path) -> None:

@@ -621,3 +621,33 @@ def test_same_action_first_puts_the_rows_that_took_the_action_in_front(tmp_path:
         assert {h.traj_id for h in again} == {"far0", "far1"}
         with pytest.raises(ValueError, match="actions"):
             buf.search_rows(buf.store.embeddings()[:2], k=1, actions=["click[x]"])
+
+
+@pytest.mark.parametrize("config", [IndexConfig(), IVF], ids=["exact", "ivf"])
+def test_task_rows_of_the_action_come_before_the_other_same_action_rows(tmp_path: Path, config: IndexConfig) -> None:
+    """``tasks``: the rows recorded in the query's task that took its action first (what a game hides until that
+    action shows it is the same whenever the game takes it), then the other same-action rows, then the rest."""
+    recs = records(200)
+    query_state, action = recs[7].state, "open fridge"
+    near = recs[8].model_copy(update={"traj_id": "near", "instruction": "cook task B", "action": action,
+                                      "next_state": "B's fridge"})  # like the query's page, another task
+    own = [recs[150 + i].model_copy(update={"traj_id": f"own{i}", "instruction": "cook task A", "action": action,
+                                            "state": f"a page unlike the query's {i}", "next_state": "A's fridge"})
+           for i in range(2)]
+    with ReplayBuffer.open(tmp_path / "b", HashingEncoder(64), config=config) as buf:
+        buf.add_transitions([*recs, near, *own])
+        same = buf.retrieve(query_state, action, k=3, same_action_first=True)
+        assert same[0].traj_id == "near"  # without the task: the most similar row that took the action
+        tasked = buf.retrieve(query_state, action, k=4, same_action_first=True, task="cook task A")
+        assert {h.traj_id for h in tasked[:2]} == {"own0", "own1"} and tasked[2].traj_id == "near"
+        assert tasked[3].action != action  # then the rest, by similarity
+        alone = buf.retrieve(query_state, action, k=3, task="cook task A")  # without same_action_first
+        plain = [h.row for h in buf.retrieve(query_state, action, k=3) if not h.traj_id.startswith("own")]
+        assert {h.traj_id for h in alone[:2]} == {"own0", "own1"} and alone[2].row == plain[0]
+        assert buf.retrieve(query_state, action, k=2, task="cook task A", exclude_traj="own0")[0].traj_id == "own1"
+        assert buf.retrieve(query_state, action, k=1, task="no such task")[0].row == \
+            buf.retrieve(query_state, action, k=1)[0].row
+    with ReplayBuffer.open(tmp_path / "b", HashingEncoder(64), config=config) as buf:  # rebuilt on reopen
+        assert {h.traj_id for h in buf.retrieve(query_state, action, k=2, task="cook task A")} == {"own0", "own1"}
+        with pytest.raises(ValueError, match="task_actions"):
+            buf.search_rows(buf.store.embeddings()[:2], k=1, task_actions=[("cook task A", action)])

@@ -236,6 +236,7 @@ class ExperienceModel:
         hits = self.buffer.retrieve_batch(
             [(queries[i].state, queries[i].action) for i in todo], k, env=self.cfg.retrieval_env, exclude_traj=excludes,
             same_action_first=self.protocol.same_action_neighbours,
+            tasks=[queries[i].instruction for i in todo] if self.protocol.task_neighbours else None,
         )
         out = list(queries)
         for i, h in zip(todo, hits, strict=True):

@@ -164,6 +164,11 @@ COPY_REFS_INSTRUCTION = (
     "for line 2 of similar transition (1)'s next state; inline, '@T.0' is the TARGET element's text and '@T.1', "
     "'@T.2', ... its parts between ' — ', ' | ' and ': ', '@4.1' a part of STATE line 4; write a literal @ as @@."
 )
+TASK_NEIGHBOURS_INSTRUCTION = (
+    "A similar transition headed 'same task and action' took this step's action in this task from another state: what "
+    "the action shows of what was hidden may be the same."
+)
+NEIGHBOUR_CHANGES_INSTRUCTION = "A similar transition shows only the lines its next state added to its state."
 ELEMENT_REFS_INSTRUCTION = "A line '[c4] @[c2]' is STATE element [c2] under the id c4."
 
 
@@ -223,6 +228,16 @@ class ProtocolConfig(BaseModel):
     # until it is opened): at a 512-token budget 12 of 1,439 TextWorld training prompts kept it, 1,281 their whole
     # history (benchmarks/results/prompt_layouts_textworld_swap.json). False: neighbours first, the rule so far.
     cut_history_first: bool = False
+    # Neighbours recorded in the query's task that took its action come first (ReplayBuffer.retrieve_batch's tasks),
+    # in training (another episode's) and in the dream alike, headed "(i) same task and action". What a TextWorld game
+    # hides until an action shows it (what its fridge holds) is the same whenever the game takes that action, but φ
+    # of a dreamt state found the game's own rows for 2 of 166 dreamt opens the data never took from that state
+    # (it opened the same container in the same game for 126).
+    task_neighbours: bool = False
+    # Each neighbour's next state is shown as the lines its state lacks (added_lines: an element its state lists
+    # under any id is not new), so that it fits: a whole TextWorld page is ~300 tokens of a 512-token prompt budget,
+    # and the retrieved transition was the first thing cut (12 of 1,439 training prompts kept it).
+    neighbour_changes: bool = False
     # The TASK line last in the user message, right before the output, instead of first: the copy-first base writes
     # the page's price in 20-30 of 31 val purchase traces and the task's price bound in 0-2, so is it the distance?
     # No: from the shipped base, 3 seeds on val, nothing moves (terminal reward accuracy -0.011 +- 0.046, the task's
@@ -244,6 +259,8 @@ class ProtocolConfig(BaseModel):
         text = f"{text} {COPY_REFS_INSTRUCTION}" if self.copy_refs else text
         text = f"{text} {ELEMENT_REFS_INSTRUCTION}" if self.copy_refs and self.element_refs else text
         text = f"{text} {EXACT_NEIGHBOURS_INSTRUCTION}" if self.exact_neighbours else text
+        text = f"{text} {TASK_NEIGHBOURS_INSTRUCTION}" if self.task_neighbours else text
+        text = f"{text} {NEIGHBOUR_CHANGES_INSTRUCTION}" if self.neighbour_changes else text
         return f"{text} {SAME_ACTION_INSTRUCTION}" if self.same_action_neighbours else text
 
 
@@ -285,6 +302,26 @@ def _history_lines(query: ExperienceQuery, cfg: ProtocolConfig) -> list[str]:
 
 SAME_STEP = "same task, state and action"  # the header of an exact neighbour (ProtocolConfig.exact_neighbours)
 SAME_ACTION = "same action"  # the header of another neighbour that took the query's action (same_action_neighbours)
+SAME_TASK_ACTION = "same task and action"  # ... recorded in the query's task (task_neighbours)
+
+
+def added_lines(state: str, next_state: str) -> str:
+    """The lines of ``next_state`` that ``state`` does not show (``ProtocolConfig.neighbour_changes``): an element
+    whose type and text the state lists, under any id, is not new (TextWorld's ids are positions, which a new
+    element renumbers); any other line is new unless the state has it."""
+    def seen(line: str) -> tuple[str, str] | str:
+        element = Element.parse(line)
+        return (element.type, element.text) if element is not None else line.strip()
+
+    shown = {seen(line) for line in state.splitlines()}
+    return "\n".join(line for line in next_state.strip().splitlines() if seen(line) not in shown)
+
+
+def neighbour_page(n: Neighbour, cfg: ProtocolConfig) -> str:
+    """Neighbour ``n``'s next state as the prompt shows it (and copy references read it): whole, or its
+    :func:`added_lines` with ``cfg.neighbour_changes``; cut to ``cfg.max_neighbour_chars``."""
+    return truncate_lines(added_lines(n.state, n.next_state) if cfg.neighbour_changes else n.next_state,
+                          cfg.max_neighbour_chars)
 
 
 def _similar_lines(query: ExperienceQuery, cfg: ProtocolConfig) -> list[str]:
@@ -295,14 +332,16 @@ def _similar_lines(query: ExperienceQuery, cfg: ProtocolConfig) -> list[str]:
     for i, n in enumerate(shown, start=1):
         same = cfg.exact_neighbours and (n.instruction, n.state, n.action) == (query.instruction, query.state,
                                                                               query.action)
-        header = SAME_STEP if same else SAME_ACTION if cfg.same_action_neighbours and n.action == query.action else ""
+        task = cfg.task_neighbours and (n.instruction, n.action) == (query.instruction, query.action)
+        header = SAME_STEP if same else SAME_TASK_ACTION if task else SAME_ACTION if (
+            cfg.same_action_neighbours and n.action == query.action) else ""
         lines.append(f"({i}) {header}" if header else f"({i})")
         if cfg.neighbour_states:
             lines.append(truncate_lines(n.state, cfg.max_neighbour_chars))
         lines += [
             f"→ {n.action}",
-            "⇒",
-            truncate_lines(n.next_state, cfg.max_neighbour_chars),
+            "⇒ new lines:" if cfg.neighbour_changes else "⇒",
+            neighbour_page(n, cfg),
             f"| r={n.reward:.2f} d={int(n.done)}",
         ]
     return lines
@@ -484,7 +523,7 @@ def ref_context(query: ExperienceQuery, cfg: ProtocolConfig) -> RefContext:
     """What a copy reference of ``query``'s target may point at: the STATE, TARGET and neighbour next states as
     the prompt in layout ``cfg`` shows them (cut as :func:`build_user_text` cuts them)."""
     target = action_target(query.state, query.action) if cfg.ground_action else None
-    neighbours = tuple(truncate_lines(n.next_state, cfg.max_neighbour_chars) for n in query.retrieved[: cfg.k])
+    neighbours = tuple(neighbour_page(n, cfg) for n in query.retrieved[: cfg.k])
     return RefContext.of(truncate_lines(query.state, cfg.max_state_chars), target, neighbours, cfg.element_refs)
 
 

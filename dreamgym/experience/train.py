@@ -92,7 +92,8 @@ def exp_queries(
     itself: the buffer keeps a repeated transition once, under whichever trajectory added it first, so
     excluding the own trajectory alone would let an example retrieve its own target. With
     ``cfg.exact_neighbours`` a transition that another trajectory of ``trajs`` also recorded stays retrievable
-    (that trajectory's copy, not the example's own), as the dream finds it for a real task's recorded steps.
+    (that trajectory's copy, not the example's own), as the dream finds it for a real task's recorded steps. With
+    ``cfg.task_neighbours`` the other episodes of the step's task that took its action come first.
     """
     from dreamgym.replay.record import transition_key
 
@@ -121,6 +122,7 @@ def exp_queries(
                     exclude_key=[None if key in shared else key for key in own],
                     keep_key=[key if key in shared else None for key in own],
                     same_action_first=cfg.same_action_neighbours,
+                    tasks=[queries[i].instruction for i in rows] if cfg.task_neighbours else None,
                 )
                 for i, h in zip(rows, hits, strict=True):
                     queries[i] = replace(queries[i], retrieved=neighbours_of(h))

@@ -10,8 +10,12 @@ over-fetches in proportion to how many rows the filter rejects; a query left wit
 exist) is answered by an exact search over the rows that pass. Filters that keep at most ``exact_max_rows`` rows are
 always answered exactly. ``same_action_first`` puts the rows that took the query's very action (the store indexes
 rows by action text) in front, ranked by exact cosine among them: the page an action opens is often the same from
-wherever it was taken (a product's item page), and φ's nearest rows are mostly other actions on the same page. Not
-thread-safe: one buffer object per thread.
+wherever it was taken (a product's item page), and φ's nearest rows are mostly other actions on the same page.
+``tasks`` (one task instruction per query) puts in front of those the rows recorded in the query's task that took its
+action: what a TextWorld game hides until an action shows it (what its fridge holds) is the same whenever that game
+takes the action, and φ of a dreamt state rarely finds the game's own rows (2 of 166 dreamt opens that the data never
+took from that state, although it opened the same container in the same game for 126). Not thread-safe: one buffer
+object per thread.
 
 Duplicates are stored once, under the trajectory that added them first, so excluding a query's own trajectory
 does not keep its own transition out when another trajectory holds the same one: ``exclude_key`` (a
@@ -25,6 +29,7 @@ import logging
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel
@@ -215,11 +220,12 @@ class ReplayBuffer:
         exclude_key: bytes | None = None,
         keep_key: bytes | None = None,
         same_action_first: bool = False,
+        task: str | None = None,
     ) -> list[Retrieved]:
         """The k stored transitions most similar to (state, action), best first."""
         return self.retrieve_batch([(state, action)], k, env=env, exclude_traj=[exclude_traj], source=source,
                                    exclude_key=[exclude_key], keep_key=[keep_key],
-                                   same_action_first=same_action_first)[0]
+                                   same_action_first=same_action_first, tasks=None if task is None else [task])[0]
 
     def retrieve_batch(
         self,
@@ -232,6 +238,7 @@ class ReplayBuffer:
         exclude_key: Sequence[bytes | None] | None = None,
         keep_key: Sequence[bytes | None] | None = None,
         same_action_first: bool = False,
+        tasks: Sequence[str] | None = None,
     ) -> list[list[Retrieved]]:
         """:meth:`retrieve` for many (state, action) queries in one encoder call and one index search.
 
@@ -240,13 +247,16 @@ class ReplayBuffer:
         key (or None) per query whose stored copy stays retrievable even when it lies in ``exclude_traj``
         (duplicates are stored once, under the first trajectory that added them: a transition another trajectory
         also recorded is that trajectory's too). ``same_action_first``: the stored transitions that took the
-        query's very action (the same text) come first, most similar first, then the rest by similarity.
+        query's very action (the same text) come first, most similar first, then the rest by similarity. ``tasks``
+        (one task instruction per query): before those, the ones recorded in the query's task.
         """
         if not queries:
             return []
         embeddings = self.phi.encode([phi_text(s, a) for s, a in queries])
         return self.search(embeddings, k, env=env, exclude_traj=exclude_traj, source=source, exclude_key=exclude_key,
-                           keep_key=keep_key, actions=[a for _, a in queries] if same_action_first else None)
+                           keep_key=keep_key, actions=[a for _, a in queries] if same_action_first else None,
+                           task_actions=None if tasks is None else list(zip(tasks, [a for _, a in queries],
+                                                                            strict=True)))
 
     def search(
         self,
@@ -259,10 +269,11 @@ class ReplayBuffer:
         exclude_key: Sequence[bytes | None] | None = None,
         keep_key: Sequence[bytes | None] | None = None,
         actions: Sequence[str] | None = None,
+        task_actions: Sequence[tuple[str, str]] | None = None,
     ) -> list[list[Retrieved]]:
         """Retrieval for precomputed query embeddings (``n x dim``, unit rows)."""
         hits = self.search_rows(embeddings, k, env=env, exclude_traj=exclude_traj, source=source,
-                                exclude_key=exclude_key, keep_key=keep_key, actions=actions)
+                                exclude_key=exclude_key, keep_key=keep_key, actions=actions, task_actions=task_actions)
         return [
             [Retrieved(**self.store.record(row).model_dump(), score=score, row=row) for row, score in q]
             for q in hits
@@ -279,9 +290,12 @@ class ReplayBuffer:
         exclude_key: Sequence[bytes | None] | None = None,
         keep_key: Sequence[bytes | None] | None = None,
         actions: Sequence[str] | None = None,
+        task_actions: Sequence[tuple[str, str]] | None = None,
     ) -> list[list[tuple[int, float]]]:
         """Like :meth:`search` but returns (row, cosine) pairs without reading the records. ``actions`` (one per
-        query): the rows that took that very action come first (:meth:`retrieve_batch`'s ``same_action_first``)."""
+        query): the rows that took that very action come first (:meth:`retrieve_batch`'s ``same_action_first``);
+        ``task_actions`` (one (task instruction, action) per query): before them, the rows of that task and action
+        (its ``tasks``)."""
         queries = np.atleast_2d(np.asarray(embeddings, dtype=np.float32))
         if queries.shape[1] != self.store.meta.dim:
             raise ValueError(f"query embeddings have dim {queries.shape[1]}, buffer has {self.store.meta.dim}")
@@ -291,7 +305,8 @@ class ReplayBuffer:
         keys = list(exclude_key) if exclude_key is not None else [None] * len(queries)
         kept = list(keep_key) if keep_key is not None else [None] * len(queries)
         named = [("exclude_traj", excludes), ("exclude_key", keys), ("keep_key", kept)]
-        for name, given in [*named, *([("actions", actions)] if actions is not None else [])]:
+        optional = [("actions", actions), ("task_actions", task_actions)]
+        for name, given in [*named, *((n, g) for n, g in optional if g is not None)]:
             if len(given) != len(queries):
                 raise ValueError(f"{name} has {len(given)} entries for {len(queries)} queries")
         env_code = self.store.envs.codes.get(env, -1) if env is not None else None
@@ -306,8 +321,12 @@ class ReplayBuffer:
             out = [self._exact(q, k, env_code, source_code, ex) for q, ex in zip(queries, excluded, strict=True)]
         else:
             out = self._approximate(queries, k, env_code, source_code, excluded, filtered, passing)
+        # the last put in front comes first: the task's rows of the action, then the action's rows, then the rest
         if actions is not None:
-            self._same_action_first(queries, actions, k, out, env_code, source_code, excluded)
+            self._put_first(queries, actions, self.store.action_rows, k, out, env_code, source_code, excluded)
+        if task_actions is not None:
+            self._put_first(queries, task_actions, self.store.task_action_rows, k, out, env_code, source_code,
+                            excluded)
         return out
 
     def _approximate(
@@ -342,18 +361,19 @@ class ReplayBuffer:
             pending, fetch = short, fetch * 4
         return out
 
-    def _same_action_first(
-        self, queries: np.ndarray, actions: Sequence[str], k: int, out: list[list[tuple[int, float]]],
-        env_code: int | None, source_code: int | None, excluded: list[set[int]],
+    def _put_first(
+        self, queries: np.ndarray, groups: Sequence[Any], rows_of: dict[Any, list[int]], k: int,
+        out: list[list[tuple[int, float]]], env_code: int | None, source_code: int | None, excluded: list[set[int]],
     ) -> None:
-        """Put in front of each query's hits (in place) its best k rows that took the query's very action, by exact
-        cosine over those rows (queries of one action share one gather), filters and exclusions applied."""
+        """Put in front of each query's hits (in place) its best k rows among ``rows_of[its group]`` (the rows that
+        took its action, or its task's rows of that action), by exact cosine over those rows (the queries of one
+        group share one gather), filters and exclusions applied."""
         vectors = self.store.embeddings()
-        by_action: dict[str, list[int]] = {}
-        for qi, action in enumerate(actions):
-            by_action.setdefault(action, []).append(qi)
-        for action, qis in by_action.items():
-            rows = np.asarray(self.store.action_rows.get(action, ()), dtype=np.int64)
+        by_group: dict[Any, list[int]] = {}
+        for qi, group in enumerate(groups):
+            by_group.setdefault(group, []).append(qi)
+        for group, qis in by_group.items():
+            rows = np.asarray(rows_of.get(group, ()), dtype=np.int64)
             ok = np.ones(rows.size, dtype=bool)
             if env_code is not None:
                 ok &= self.store.env_codes.values[rows] == env_code

@@ -125,6 +125,7 @@ class TransitionStore:
         self.envs, self.sources, self.trajs = Vocab(), Vocab(), Vocab()
         self.traj_rows: dict[int, list[int]] = {}
         self.action_rows: dict[str, list[int]] = {}  # action text -> the rows that took it (same-action retrieval)
+        self.task_action_rows: dict[tuple[str, str], list[int]] = {}  # (task instruction, action) -> its rows
         self.counts: Counter[tuple[int, int]] = Counter()  # rows per (env code, source code)
         self.iterations: Counter[int] = Counter()
         self._key_rows: dict[bytes, int] = {}  # exact-duplicate key -> the first row holding it
@@ -254,6 +255,7 @@ class TransitionStore:
         self.traj_codes.append(traj)
         self.traj_rows.setdefault(traj, []).append(self.rows)
         self.action_rows.setdefault(record.action, []).append(self.rows)
+        self.task_action_rows.setdefault((record.instruction, record.action), []).append(self.rows)
         self.counts[env, source] += 1
         self.iterations[record.iteration] += 1
         if key in self._key_rows:
