@@ -441,3 +441,40 @@ def test_dream_signal_counts_the_groups_grpo_cannot_learn_from(tmp_path: Path) -
     for bad_run in (run, tmp_path / "missing"):
         bad = subprocess.run([sys.executable, str(script), str(bad_run)], capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+
+
+def test_dream_neighbours_counts_the_dreamt_opens_recall_or_the_tasks_rows_could_answer(tmp_path: Path) -> None:
+    """benchmarks/dream_neighbours.py: of the dreamt ``open`` steps, those the data recorded (recall answers them),
+    and of the rest those whose game opened the same container elsewhere, with how often retrieval finds it; a run
+    without rollouts is a one-line error (exit 2)."""
+    from dreamgym.types import Task, Trajectory, Transition, write_jsonl
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "dream_neighbours.py"
+
+    def traj(i: int, game: str, state: str, action: str = "open fridge") -> Trajectory:
+        return Trajectory(traj_id=f"T{i}", task=Task(task_id=game, instruction=f"cook in {game}", env="toy"),
+                          transitions=[Transition(state=state, action=action, next_state=f"{game}'s fridge",
+                                                  reward=0.0, done=False)])
+
+    data = tmp_path / "data.jsonl"
+    write_jsonl(data, [traj(0, "A", "kitchen"), traj(1, "B", "hall")])
+    seed = tmp_path / "seed0"
+    (seed / "experience_model").mkdir(parents=True)
+    (seed / "experience_model" / "summary.json").write_text(json.dumps({"data": [str(data)], "encoder": "hashing"}))
+    dream = seed / "dreamgym"
+    (dream / "rollouts").mkdir(parents=True)
+    dreamt = [traj(2, "A", "kitchen"),  # recorded: recall answers it
+              traj(3, "A", "kitchen with a knife"), traj(4, "B", "kitchen"),  # unrecorded; the data opened both
+              traj(5, "C", "kitchen"), traj(6, "A", "kitchen", action="take egg")]  # game C never did; not an open
+    write_jsonl(dream / "rollouts" / "iter_00001.jsonl", dreamt)
+    out = tmp_path / "n.json"
+    done = subprocess.run([sys.executable, str(script), str(seed), str(dream), "--k", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert (report["steps"], report["recorded"], report["unrecorded"], report["task_action_in_data"]) == (4, 1, 3, 2)
+    assert report["retrieved_task_action"]["task_first"] == {"top1": 2, "any_of_1": 2}
+    assert report["retrieved_task_action"]["phi"]["top1"] <= 2
+    bad = subprocess.run([sys.executable, str(script), str(seed), str(tmp_path / "nothing")], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
