@@ -13,9 +13,11 @@ from dreamgym.envs import make
 from dreamgym.envs.checker import check_env
 from dreamgym.experience.dream import DreamEnv, DreamEnvPool, InitialStates
 from dreamgym.experience.model import ExperienceConfig, ExperienceModel
-from dreamgym.experience.protocol import format_target
+from dreamgym.experience.protocol import ExperienceQuery, format_target, terminated
+from dreamgym.experience.recall import Recall
 from dreamgym.llm.base import Completion, Prompt, SamplingParams
 from dreamgym.replay import HashingEncoder, ReplayBuffer
+from dreamgym.types import Trajectory
 
 ITEM_PAGE = "[1] text: B0TEST01 — Test Shirt, Cotton\n[2] text: Price: $10.00\n[3] button: Buy Now\n[4] button: Back to Search"
 
@@ -300,3 +302,39 @@ def test_computed_premises_open_the_answer_and_the_model_writes_on(offline, tmp_
         ExperienceModel(ShopScriptLLM(), cfg)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="reasoning"):
         ExperienceConfig(protocol={"computed_premises": True, "reasoning": False}).protocol_config()
+
+
+def test_recall_holds_each_recorded_step_as_the_targets_read_it(offline: list[Trajectory]) -> None:
+    recall = Recall.of(offline)
+    steps = [(traj, t) for traj in offline for t in range(len(traj.transitions))]
+    assert 0 < len(recall) <= len(steps)
+    for traj, t in steps:
+        x = traj.transitions[t]
+        got = recall(ExperienceQuery(traj.task.instruction, [], [], x.state, x.action))
+        assert got is not None and got.recalled and got.reasoning is None and got.failure is None
+        assert got.done == terminated(x)
+        if sum(1 for tr, s in steps if (tr.task.instruction, tr.transitions[s].state, tr.transitions[s].action)
+               == (traj.task.instruction, x.state, x.action)) == 1:  # recorded once: exactly that outcome
+            last = t == len(traj.transitions) - 1
+            assert (got.next_state, got.reward, got.success) == (x.next_state, x.reward, traj.success and last and x.done)
+    x = offline[0].transitions[0]
+    assert recall(ExperienceQuery("another task", [], [], x.state, x.action)) is None  # the task is part of the key
+    assert recall(ExperienceQuery(offline[0].task.instruction, [], [], x.state, "click[no such thing]")) is None
+
+
+def test_the_dream_recalls_recorded_steps_and_generates_the_rest(shop, offline: list[Trajectory]) -> None:
+    llm = ShopScriptLLM()
+    model = ExperienceModel(llm, ExperienceConfig(protocol={"k": 0}), recall=Recall.of(offline))
+    tasks = {"train": [t.task for t in offline]}
+    pool = DreamEnvPool(lambda: DreamEnv(model, tasks, InitialStates.from_trajectories(offline), grammar=shop), 2)
+    first = [offline[0].transitions[0], offline[1].transitions[0]]
+    pool.reset_batch([0, 1], [offline[0].task, offline[1].task], [0, 1], "train")
+    unrecorded = "search[a query the data never made]"
+    results = pool.step_batch([0, 1], [first[0].action, unrecorded])
+    assert llm.calls == [1] and f"ACTION: {unrecorded}" in llm.prompts[0]  # only the step the data lacks
+    expected = model.recall(ExperienceQuery(offline[0].task.instruction, [], [], first[0].state, first[0].action))
+    assert expected is not None and results[0].obs == expected.next_state and results[1].obs == ITEM_PAGE
+    steps = [env.transitions[0] for env in pool.envs]
+    assert steps[0].info.get("recalled") and not steps[1].info.get("recalled")
+    assert model.stats_dict()["recalled"] == 1 and model.stats.total == 1  # parse stats count generated steps only
+    pool.close()

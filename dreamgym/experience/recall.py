@@ -4,7 +4,9 @@ An LLM fine-tuned on the offline transitions (the paper's 8B M_exp) reproduces m
 again; the 1.3M CPU M_exp does not. On TextWorld its 512-token prompt loses the retrieved real transition (12 of 1,439
 training prompts keep it), and with it the only source of what a closed container holds: opening one offers a recipe
 ingredient in 83% of the real steps and in 1-35% of the dreamt ones (benchmarks/results/dream_signal_textworld.json),
-although 273 of 439 dreamt opens (62%) were this very query of a recorded episode (the same task, state and action).
+although 273 of 439 dreamt opens (62%) were this very query of a recorded episode (the same task, state and action;
+benchmarks/results/dream_neighbours_textworld_premises.json). With recall the dream showed one behind 46% of its opens
+(bench_textworld_recall_seed0.json's run), and its policy did not move on test (+0.000; GRPO-real: +0.020).
 
 :class:`Recall` is that memory, exact and explicit: a table from (task instruction, state, action) to the recorded
 outcome, made from the real trajectories the dream already holds (its ``offline_data``). ``ExperienceModel.predict``
