@@ -339,16 +339,19 @@ STAGES: dict[str, Stage] = {
 
 
 def active_stages(cfg: DemoConfig) -> list[str]:
-    """The stages ``cfg`` runs, in :data:`STAGES` order: collect, collect_extra (when ``extra_behaviour`` and no
-    ``offline_file``), annotate, train_exp, fidelity (when ``heldout_episodes``), sft, and the rows' stages with the
-    stages they need."""
-    wanted = {"collect", "annotate", "train_exp", "sft", *cfg.rows}
-    if cfg.extra_behaviour and cfg.offline_file is None:
-        wanted.add("collect_extra")
-    if cfg.heldout_episodes:
-        wanted.add("fidelity")
-    for row in cfg.rows:
-        wanted.update(ROW_NEEDS.get(row, ()))
+    """The stages ``cfg`` runs, in :data:`STAGES` order: sft, the rows' stages, fidelity (when ``heldout_episodes``)
+    and every stage these take outputs from (:data:`ROW_NEEDS`, each stage's ``inputs``), so that rows without a
+    dream (``--rows sft,grpo_real``) train no M_exp. collect_extra runs only with ``extra_behaviour`` and no
+    ``offline_file``."""
+    wanted: set[str] = set()
+    todo = ["sft", *cfg.rows, *(["fidelity"] if cfg.heldout_episodes else [])]
+    while todo:
+        name = todo.pop()
+        if name not in wanted:
+            wanted.add(name)
+            todo += [*STAGES[name].inputs, *ROW_NEEDS.get(name, ())]
+    if not (cfg.extra_behaviour and cfg.offline_file is None):
+        wanted.discard("collect_extra")
     return [name for name in STAGES if name in wanted]
 
 
@@ -370,7 +373,8 @@ def stage_keys(cfg: DemoConfig) -> dict[str, dict[str, Any]]:
     values = {**cfg.model_dump(mode="json"), "annotator": annotator_name(cfg)}
     if cfg.offline_file is not None:
         values["offline_file"] = "sha256:" + hashlib.sha256(cfg.offline_file.read_bytes()).hexdigest()
-    skipped = {"collect_extra"} - set(active_stages(cfg))  # the one stage that may not run
+    # the one input that may not run whatever the rows (not by the rows: a stage's key never depends on them)
+    skipped = set() if cfg.extra_behaviour and cfg.offline_file is None else {"collect_extra"}
     keys: dict[str, dict[str, Any]] = {}
     for name, stage in STAGES.items():
         inputs = _flatten({f: values[f] for f in stage.fields if f not in LATE_FIELDS or values[f] != LATE_FIELDS[f]})
@@ -633,13 +637,17 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
     else:
         data = stage("collect", "collect offline data", lambda: collect_episodes(cfg, offline, cfg.offline_episodes,
                                                                                  "train", cfg.seed))
-    if "collect_extra" in active_stages(cfg):
+    active = active_stages(cfg)
+    if "collect_extra" in active:
         stage("collect_extra", STAGES["collect_extra"].title, lambda: collect_extra(cfg, extra))
-    stage("annotate", f"annotate reasoning ({annotator_name(cfg)})", lambda: annotate(cfg, [offline, *extra], annotated))
-    stage("train_exp", "train the experience model", lambda: train_experience_model(
-        [annotated], cfg.exp_model, exp_dir, ProtocolConfig(**cfg.exp_protocol), SFTConfig(**cfg.exp_sft),
-        buffer_dir=out / "buffer", mixture=cfg.exp_mixture, seed=cfg.seed, reward_head=cfg.exp_reward_head,
-        reserve_prompt=cfg.exp_reserve_prompt))
+    if "annotate" in active:  # M_exp's data: not run for rows without a dream (nor fidelity)
+        stage("annotate", f"annotate reasoning ({annotator_name(cfg)})",
+              lambda: annotate(cfg, [offline, *extra], annotated))
+    if "train_exp" in active:
+        stage("train_exp", "train the experience model", lambda: train_experience_model(
+            [annotated], cfg.exp_model, exp_dir, ProtocolConfig(**cfg.exp_protocol), SFTConfig(**cfg.exp_sft),
+            buffer_dir=out / "buffer", mixture=cfg.exp_mixture, seed=cfg.seed, reward_head=cfg.exp_reward_head,
+            reserve_prompt=cfg.exp_reserve_prompt))
     fid = None
     if cfg.heldout_episodes:
         fid = stage("fidelity", "fidelity of the experience model (held-out real transitions)",

@@ -155,3 +155,26 @@ def test_extra_behaviour_is_collected_apart_for_the_experience_model(tmp_path: P
     assert none["collect"]["inputs"]["extra_behaviour"] == keys["collect"]["inputs"]["extra_behaviour"] == []
     with pytest.raises(ValueError, match="share"):
         micro(extra_behaviour=[{"share": 0, "noise": 0.8}])
+
+
+def test_rows_without_a_dream_train_no_experience_model_and_keep_the_keys_a_dream_run_reuses() -> None:
+    """``--rows sft,grpo_real`` runs only what those rows take outputs from: no annotation, no M_exp (hours on 2
+    cores). Every stage's key is the same whichever rows ran, so a later run with the dream reuses those stages."""
+    real = micro(rows=["sft", "grpo_real"], heldout_episodes=0)
+    assert active_stages(real) == ["collect", "sft", "grpo_real"]
+    assert active_stages(micro(rows=["sft", "grpo_real"])) == [  # the fidelity stage needs M_exp
+        "collect", "collect_extra", "annotate", "train_exp", "fidelity", "sft", "grpo_real"]
+    assert active_stages(micro(rows=["sft", "no_reasoning"], heldout_episodes=0)) == [
+        "collect", "collect_extra", "annotate", "sft", "train_exp_no_reasoning", "no_reasoning"]
+    dream = micro(rows=["sft", "grpo_real", "dreamgym"], heldout_episodes=0)
+    assert "train_exp" in active_stages(dream)
+    assert stage_keys(real) == stage_keys(dream)
+
+
+def test_a_run_without_a_dream_writes_no_experience_model(tmp_path: Path) -> None:
+    cfg = micro(rows=["sft"], heldout_episodes=0, offline_episodes=6, eval_episodes=2, policy_model="micro",
+                sft={"epochs": 1, "batch_size": 16, "num_threads": 2})
+    run_demo(cfg, tmp_path)
+    assert sorted(p.stem for p in (tmp_path / "stages").glob("*.json")) == ["collect", "sft"]
+    assert not (tmp_path / "experience_model").exists() and not (tmp_path / "offline_annotated.jsonl").exists()
+    assert json.loads((tmp_path / "table.json").read_text())["rows"][0]["method"] == "SFT"
