@@ -113,27 +113,44 @@ def _series(values: list[float]) -> dict[str, Any]:
     return {"per_seed": values, "mean": sum(values) / len(values)}
 
 
+def run_rows(run: Path, rows: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """One seed's rows as its run dir holds them (row -> method, real and synthetic transitions, seconds and the
+    per-task results); SFT's is always read: every row is paired with it."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in dict.fromkeys(["sft", *rows]):
+        marker = json.loads((run / "stages" / f"{row}.json").read_text())
+        out[row] = {"method": marker["method"], "real_transitions": int(marker["real_transitions"]),
+                    "synthetic_transitions": int(marker.get("synthetic_transitions") or 0),
+                    "seconds": float(marker["stage_seconds"]), "per_task": _per_task(run, row)}
+    return out
+
+
 def summarize_bench(runs: dict[int, Path], rows: Sequence[str], resamples: int = RESAMPLES,
                     seed: int = SEED) -> list[dict[str, Any]]:
     """Each row's numbers over the seeds' run dirs (``runs``: seed -> RUN); the rows of a seed must have played the
     same tasks in the same order (a ValueError otherwise)."""
-    tasks = {s: _per_task(run, "sft") for s, run in runs.items()}
-    full = {s: _per_task(run, "dreamgym") for s, run in runs.items()} if "dreamgym" in rows else None
+    return summarize_rows({s: run_rows(run, rows) for s, run in runs.items()}, rows, resamples, seed)
+
+
+def summarize_rows(seeds: Mapping[int, Mapping[str, Mapping[str, Any]]], rows: Sequence[str],
+                   resamples: int = RESAMPLES, seed: int = SEED) -> list[dict[str, Any]]:
+    """Each row's numbers over the seeds (seed -> :func:`run_rows`): mean and 95% CI (bootstrap over seeds, then
+    tasks), the paired comparison with SFT and, for an ablation, with DreamGym."""
+    tasks = {s: seeds[s]["sft"]["per_task"] for s in seeds}
+    full = {s: seeds[s]["dreamgym"]["per_task"] for s in seeds} if "dreamgym" in rows else None
     out = []
     for row in rows:
-        markers = {s: json.loads((run / "stages" / f"{row}.json").read_text()) for s, run in runs.items()}
-        per_task = {s: tasks[s] if row == "sft" else _per_task(run, row) for s, run in runs.items()}
-        success = [[float(t["success"]) for t in per_task[s]] for s in runs]
-        reward = [[float(t["reward"]) for t in per_task[s]] for s in runs]
+        per_task = {s: seeds[s][row]["per_task"] for s in seeds}
+        success = [[float(t["success"]) for t in per_task[s]] for s in seeds]
+        reward = [[float(t["reward"]) for t in per_task[s]] for s in seeds]
         entry: dict[str, Any] = {
-            "row": row, "method": markers[next(iter(runs))]["method"],
-            "real_transitions": _series([int(m["real_transitions"]) for m in markers.values()]),
-            "synthetic_transitions": _series([int(m.get("synthetic_transitions") or 0) for m in markers.values()]),
-            "seconds": _series([float(m["stage_seconds"]) for m in markers.values()]),
+            "row": row, "method": seeds[next(iter(seeds))][row]["method"],
+            **{key: _series([seeds[s][row][key] for s in seeds])
+               for key in ("real_transitions", "synthetic_transitions", "seconds")},
             "success_rate": bootstrap_ci(success, resamples, seed),
             "mean_reward": bootstrap_ci(reward, resamples, seed),
             "vs_sft": None,
-            "per_task": {f"seed{s}": per_task[s] for s in runs},
+            "per_task": {f"seed{s}": per_task[s] for s in seeds},
         }
         if row != "sft":  # a ValueError where the row and SFT played different tasks
             entry["vs_sft"] = paired(per_task, tasks, resamples, seed)
@@ -252,17 +269,19 @@ def run_bench(env: str, seeds: Sequence[int], rows: Sequence[str], profile: str,
     bench: dict[str, Any] = {
         "command": command, "env": env, "profile": profile, "seeds": list(seeds),
         "episodes_per_seed": cfgs[0].eval_episodes, "resamples": RESAMPLES, "bootstrap_seed": SEED,
+        "config": config_record(cfgs[0]),
         "rows": summarize_bench(runs, rows),
         "baseline": None,
         "seeds_detail": {f"seed{s}": seed_facts(run) for s, run in runs.items()},
     }
     if len(baselines) == len(cfgs):
-        bench["baseline"] = {
-            "policy": "random",
-            "success_rate": bootstrap_ci([[float(t["success"]) for t in b["per_task"]] for b in baselines]),
-            "mean_reward": bootstrap_ci([[float(t["reward"]) for t in b["per_task"]] for b in baselines]),
-            "per_task": {f"seed{cfg.seed}": b["per_task"] for cfg, b in zip(cfgs, baselines, strict=True)},
-        }
+        bench["baseline"] = baseline_entry({cfg.seed: b["per_task"] for cfg, b in zip(cfgs, baselines, strict=True)})
+    write_bench(out, bench)
+    return bench
+
+
+def write_bench(out: Path, bench: dict[str, Any]) -> None:
+    """``OUT/bench.json`` (atomic), ``OUT/bench.md``, the rich table and ``OUT/report.html``."""
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "bench.json.partial"
     tmp.write_text(json.dumps(bench, indent=1))
@@ -270,7 +289,110 @@ def run_bench(env: str, seeds: Sequence[int], rows: Sequence[str], profile: str,
     write_markdown(out / "bench.md", bench)
     print_bench(bench)
     Console().print(f"report: {write_bench_report(out)}")  # OUT/report.html: the table, CIs, per-seed curves
+
+
+def baseline_entry(per_task: Mapping[int, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The random policy's success and mean reward over the seeds (seed -> its per-task results)."""
+    return {"policy": "random",
+            "success_rate": bootstrap_ci([[float(t["success"]) for t in ts] for ts in per_task.values()]),
+            "mean_reward": bootstrap_ci([[float(t["reward"]) for t in ts] for ts in per_task.values()]),
+            "per_task": {f"seed{s}": ts for s, ts in per_task.items()}}
+
+
+def config_record(cfg: DemoConfig) -> dict[str, Any]:
+    """What bench.json records of the config: the seed's DemoConfig without its seed and rows (a row's stages are
+    the same whichever other rows ran), so that benches run apart merge only where they ran the same config."""
+    return cfg.model_dump(mode="json", exclude={"seed", "rows"})
+
+
+def _difference(a: Any, b: Any, path: str = "") -> str | None:
+    """The first field where two JSON values differ, as ``path: a vs b``; None where they are equal."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b), key=str):
+            if key not in a or key not in b:
+                return f"{path}{key}: {'missing' if key not in a else 'set'} vs {'missing' if key not in b else 'set'}"
+            if (found := _difference(a[key], b[key], f"{path}{key}.")) is not None:
+                return found
+        return None
+    return None if a == b else f"{path.rstrip('.') or 'value'}: {json.dumps(a)} vs {json.dumps(b)}"
+
+
+def _current(name: str, record: Any) -> dict[str, Any]:
+    """A recorded config as today's DemoConfig reads it: a field added since it was written takes its default,
+    which is the behaviour the config ran with (a new field's default keeps the old behaviour)."""
+    try:
+        return config_record(DemoConfig.model_validate({**record, "seed": 0}))
+    except (TypeError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+        raise ValueError(f"{name}: its config does not validate today ({str(e).splitlines()[0]})") from None
+
+
+MERGE_FIELDS = ("env", "profile", "seeds", "episodes_per_seed", "rows", "config")
+
+
+def merge_benches(benches: Mapping[str, Mapping[str, Any]], rows: Sequence[str] | None = None,
+                  command: str = "") -> dict[str, Any]:
+    """One bench from benches run apart (name -> its bench.json) on disjoint seeds: a seed's demo is hours on 2 cores,
+    so the seeds of one table may come from several machines or sessions. They must share the env, profile, test
+    episodes per seed and config (:func:`config_record`); the statistics are recomputed over all the seeds from the
+    raw per-task results, as one bench over those seeds computes them. ``rows``: by default those every bench ran.
+    Any mismatch is a one-line ValueError naming the file and the field."""
+    if len(benches) < 2:
+        raise ValueError("bench-merge needs two or more bench.json files")
+    items = list(benches.items())
+    for name, b in items:
+        if not isinstance(b, Mapping) or (missing := [k for k in MERGE_FIELDS if k not in b]):
+            raise ValueError(f"{name}: not a bench.json" if not isinstance(b, Mapping) else
+                             f"{name}: no {missing[0]!r} in it" + (" (written before bench.json recorded its config; "
+                                                                 "rerun its seeds to merge them)"
+                                                                 if missing[0] == "config" else ""))
+        if not isinstance(b["rows"], list) or not all(isinstance(r, Mapping) and "row" in r for r in b["rows"]):
+            raise ValueError(f"{name}: not a bench.json (its rows are not a list of named rows)")
+        if not isinstance(b["seeds"], list) or not all(isinstance(x, int) for x in b["seeds"]):
+            raise ValueError(f"{name}: not a bench.json (its seeds are not a list of integers)")
+    (first_name, first), origin = items[0], dict[int, str]()
+    for name, b in items:
+        for key in ("env", "profile", "episodes_per_seed"):
+            if b[key] != first[key]:
+                raise ValueError(f"{name} and {first_name} differ in {key}: {b[key]!r} vs {first[key]!r}")
+        if (diff := _difference(_current(name, b["config"]), _current(first_name, first["config"]))) is not None:
+            raise ValueError(f"{name} and {first_name} ran other configs: {diff}")
+        for s in b["seeds"]:
+            if s in origin:
+                raise ValueError(f"seed {s} is in both {origin[s]} and {name}")
+            origin[s] = name
+    ran = [{r["row"] for r in b["rows"]} for _, b in items]
+    common = [r["row"] for r in first["rows"] if all(r["row"] in x for x in ran)]
+    rows = parse_rows(rows) if rows else tuple(common)
+    for row in dict.fromkeys(["sft", *rows]):
+        if row not in common:
+            raise ValueError(f"row {row!r} is not in every bench (rows in all: {', '.join(common) or 'none'})")
+    seeds: dict[int, dict[str, dict[str, Any]]] = {}
+    baseline: dict[int, list[dict[str, Any]]] | None = {}
+    for name, b in items:
+        by_row = {r["row"]: r for r in b["rows"]}
+        try:
+            for i, s in enumerate(b["seeds"]):
+                seeds[s] = {row: {"method": by_row[row]["method"],
+                                  **{k: by_row[row][k]["per_seed"][i]
+                                     for k in ("real_transitions", "synthetic_transitions", "seconds")},
+                                  "per_task": list(by_row[row]["per_task"][f"seed{s}"])}
+                            for row in dict.fromkeys(["sft", *rows])}
+                if baseline is not None and b.get("baseline"):
+                    baseline[s] = list(b["baseline"]["per_task"][f"seed{s}"])
+                else:
+                    baseline = None
+        except (KeyError, IndexError, TypeError) as e:
+            raise ValueError(f"{name}: not a complete bench.json ({type(e).__name__}: {e})") from None
+    order = sorted(seeds)
+    bench: dict[str, Any] = {
+        "command": command, "env": first["env"], "profile": first["profile"], "seeds": order,
+        "episodes_per_seed": first["episodes_per_seed"], "resamples": RESAMPLES, "bootstrap_seed": SEED,
+        "config": first["config"], "merged_from": {name: list(b["seeds"]) for name, b in items},
+        "rows": summarize_rows({s: seeds[s] for s in order}, rows),
+        "baseline": baseline_entry({s: baseline[s] for s in order}) if baseline else None,
+        "seeds_detail": {f"seed{s}": (benches[origin[s]].get("seeds_detail") or {}).get(f"seed{s}") for s in order},
+    }
     return bench
 
 
-__all__ = ["DEFAULT_SEEDS", "ROWS", "bench_configs", "parse_seeds", "run_bench", "summarize_bench"]
+__all__ = ["DEFAULT_SEEDS", "ROWS", "bench_configs", "merge_benches", "parse_seeds", "run_bench", "summarize_bench"]

@@ -4,6 +4,7 @@ end-to-end micro bench (2 seeds, 3 rows) that resumes from its stage markers."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -174,6 +175,21 @@ def test_group_signal_counts_groups_whose_purchases_differ_in_what_decides_succe
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
 
 
+def fake_run(run: Path, outcomes: dict[int, dict[str, list[int]]]) -> Path:
+    """A seed's run dir as the demo leaves it: each row's stage marker and per-task results (1 = success), the
+    row's real transitions 10 x the seed and its seconds 1 + the seed."""
+    seed = next(iter(outcomes))
+    (run / "stages").mkdir(parents=True)
+    for row, wins in outcomes[seed].items():
+        (run / row).mkdir()
+        per_task = [{"episode": i, "task_id": f"t{i}", "success": bool(w), "reward": float(w) * 0.9}
+                    for i, w in enumerate(wins)]
+        (run / row / "eval_tasks.json").write_text(json.dumps({"per_task": per_task}))
+        (run / "stages" / f"{row}.json").write_text(json.dumps(
+            {"method": row, "real_transitions": 10 * seed, "synthetic_transitions": 0, "stage_seconds": 1.0 + seed}))
+    return run
+
+
 def test_ablations_are_compared_with_dreamgym_task_by_task(tmp_path: Path) -> None:
     """An ablation row gets ``vs_dreamgym``: its success minus DreamGym's on the same tasks, so the sign of a
     component's effect is read from a paired test, not from two overlapping CIs; bench.md prints it as a table."""
@@ -182,18 +198,7 @@ def test_ablations_are_compared_with_dreamgym_task_by_task(tmp_path: Path) -> No
 
     outcomes = {"sft": [0, 0, 0, 0, 1, 1], "dreamgym": [1, 1, 1, 1, 1, 0], "no_replay": [0, 1, 0, 0, 1, 0],
                 "grpo_real": [0, 0, 0, 0, 1, 1]}
-    runs = {}
-    for s in (0, 1):
-        run = tmp_path / f"seed{s}"
-        (run / "stages").mkdir(parents=True)
-        for row, wins in outcomes.items():
-            (run / row).mkdir()
-            per_task = [{"episode": i, "task_id": f"t{i}", "success": bool(w), "reward": float(w)}
-                        for i, w in enumerate(wins)]
-            (run / row / "eval_tasks.json").write_text(json.dumps({"per_task": per_task}))
-            (run / "stages" / f"{row}.json").write_text(json.dumps(
-                {"method": row, "real_transitions": 0, "synthetic_transitions": 0, "stage_seconds": 1.0}))
-        runs[s] = run
+    runs = {s: fake_run(tmp_path / f"seed{s}", {s: outcomes}) for s in (0, 1)}
     rows = summarize_bench(runs, ["sft", "grpo_real", "dreamgym", "no_replay"])
     by = {r["row"]: r for r in rows}
     ablation = by["no_replay"]["vs_dreamgym"]
@@ -213,6 +218,116 @@ def test_ablations_are_compared_with_dreamgym_task_by_task(tmp_path: Path) -> No
     page = write_bench_report(tmp_path).read_text()
     assert "<h2>Ablations</h2>" in page and "<td>no_replay</td><td>-0.500 <span class='muted'>[" in page
     assert "0 / 6" in page and page.count("<tr>") > len(rows)
+
+
+MERGE_OUTCOMES = {0: {"sft": [0, 0, 1, 1, 0, 0], "grpo_real": [1, 0, 1, 1, 0, 0], "dreamgym": [1, 1, 1, 0, 0, 0]},
+                  1: {"sft": [0, 1, 0, 0, 0, 1], "grpo_real": [0, 1, 1, 0, 0, 1], "dreamgym": [1, 1, 0, 1, 0, 1]},
+                  2: {"sft": [1, 0, 0, 0, 0, 0], "grpo_real": [1, 0, 0, 1, 0, 0], "dreamgym": [1, 0, 1, 0, 1, 0]}}
+
+
+def one_bench(tmp_path: Path, seeds: list[int], rows: list[str], **config: Any) -> dict[str, Any]:
+    """bench.json as ``dreamgym bench --seeds <seeds>`` writes it over fake run dirs (:func:`fake_run`)."""
+    from dreamgym.bench import baseline_entry, config_record, summarize_bench
+
+    runs = {s: fake_run(tmp_path / f"{'_'.join(rows)}-seed{s}",
+                        {s: {r: MERGE_OUTCOMES[s][r] for r in rows}}) for s in seeds}
+    random = {s: [{"episode": i, "task_id": f"t{i}", "success": i == s, "reward": 0.0} for i in range(6)]
+              for s in seeds}
+    return {"command": "dreamgym bench", "env": "shop", "profile": "micro", "seeds": seeds, "episodes_per_seed": 6,
+            "resamples": 2000, "bootstrap_seed": 0, "config": config_record(demo_config("micro", config)),
+            "rows": summarize_bench(runs, rows), "baseline": baseline_entry(random),
+            "seeds_detail": {f"seed{s}": {"total_seconds": 60.0 * (s + 1)} for s in seeds}}
+
+
+def test_bench_merge_equals_one_bench_over_all_the_seeds(tmp_path: Path) -> None:
+    """Seeds run apart (seed 0 in one session, seeds 1 and 2 in another) merge into the bench one run over the three
+    seeds would have written: the same rows, CIs and paired tests, recomputed from the raw per-task results."""
+    from dreamgym.bench import merge_benches
+
+    rows = ["sft", "grpo_real", "dreamgym"]
+    merged = merge_benches({"b12": one_bench(tmp_path / "b", [1, 2], rows), "a0": one_bench(tmp_path / "a", [0], rows)})
+    whole = one_bench(tmp_path / "w", [0, 1, 2], rows)
+    assert merged["seeds"] == [0, 1, 2] and merged["merged_from"] == {"b12": [1, 2], "a0": [0]}
+    assert merged["rows"] == whole["rows"] and merged["baseline"] == whole["baseline"]
+    assert merged["seeds_detail"] == whole["seeds_detail"] and merged["config"] == whole["config"]
+    grpo = merged["rows"][1]
+    assert grpo["real_transitions"] == {"per_seed": [0, 10, 20], "mean": 10.0}
+    assert (grpo["vs_sft"]["better"], grpo["vs_sft"]["worse"]) == (3, 0)  # one task won on each seed
+    # the rows every file ran, unless --rows names some; SFT always comes along for the pairing
+    a, b = one_bench(tmp_path / "c", [0], rows), one_bench(tmp_path / "d", [1], ["sft", "dreamgym"])
+    assert [r["row"] for r in merge_benches({"a": a, "b": b})["rows"]] == ["sft", "dreamgym"]
+    assert [r["row"] for r in merge_benches({"a": a, "b": b}, rows=["dreamgym"])["rows"]] == ["dreamgym"]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"seeds": [1]}, "seed 1 is in both a and b"),
+    ({"config": {"sft": {"learning_rate": 0.5}}}, "b and a ran other configs: sft.learning_rate: 0.5 vs "),
+    ({"config": {"eval_episodes": 7}}, "b and a ran other configs: eval_episodes: 7 vs "),
+    ({"env": "textworld"}, "b and a differ in env: 'textworld' vs 'shop'"),
+    ({"drop": "config"}, "b: no 'config' in it (written before bench.json recorded its config"),
+    ({"rows": ["grpo_real"]}, "row 'grpo_real' is not in every bench (rows in all: sft, dreamgym)"),
+    ({"per_task": True}, "b: not a complete bench.json (KeyError"),
+])
+def test_bench_merge_refuses_benches_that_are_not_one_config(tmp_path: Path, change: dict[str, Any],
+                                                            message: str) -> None:
+    from dreamgym.bench import merge_benches
+
+    a = one_bench(tmp_path / "a", [1], ["sft", "dreamgym"])
+    b = one_bench(tmp_path / "b", change.get("seeds", [2]), ["sft", "dreamgym"],
+                  **{k: v for c in [change.get("config", {})] for k, v in c.items()})
+    if "sft" in change.get("config", {}):
+        b["config"]["sft"] = {**a["config"]["sft"], **change["config"]["sft"]}
+    b["env"] = change.get("env", b["env"])
+    b.pop(change.get("drop", "-"), None)
+    if change.get("per_task"):
+        del b["rows"][1]["per_task"]["seed2"]
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        merge_benches({"a": a, "b": b}, rows=change.get("rows"))
+
+
+def test_bench_merge_reads_a_config_written_before_a_field_existed(tmp_path: Path) -> None:
+    """A field added to DemoConfig after a file was written takes its default, the behaviour that file ran with;
+    the same field set to another value is still a different config."""
+    from dreamgym.bench import merge_benches
+
+    old = one_bench(tmp_path / "a", [0], ["sft"])
+    assert old["config"]["bc_final_repeat"] == 1  # the field's default, in the micro profile too
+    del old["config"]["bc_final_repeat"]  # as if written before the field existed
+    assert merge_benches({"old": old, "new": one_bench(tmp_path / "b", [1], ["sft"])})["seeds"] == [0, 1]
+    other = one_bench(tmp_path / "c", [2], ["sft"], bc_final_repeat=3)
+    with pytest.raises(ValueError, match=r"^other and old ran other configs: bc_final_repeat: 3 vs 1$"):
+        merge_benches({"old": old, "other": other})
+
+
+def test_bench_merge_cli_writes_the_table_and_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
+    rows = ["sft", "dreamgym"]
+    files = []
+    for seeds in ([0], [1, 2]):
+        files.append(tmp_path / f"bench{seeds[0]}.json")
+        files[-1].write_text(json.dumps(one_bench(tmp_path / str(seeds[0]), seeds, rows)))
+    out = tmp_path / "merged"
+
+    def merge(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "dreamgym", "bench-merge", *args], capture_output=True,
+                              text=True, timeout=300)
+
+    res = merge(*map(str, files), "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    data = json.loads((out / "bench.json").read_text())
+    assert data["seeds"] == [0, 1, 2] and data["command"].startswith("dreamgym bench-merge ")
+    assert "seeds 0, 1, 2" in (out / "bench.md").read_text() and (out / "report.html").exists()
+    (tmp_path / "bad.json").write_text("{")
+    (tmp_path / "seeds.json").write_text(json.dumps({**json.loads(files[1].read_text()), "seeds": "1,2"}))
+    for args, message in [([files[0], files[0]], f"error: {files[0]} is given twice"),
+                          ([files[0], tmp_path / "bad.json"], f"error: {tmp_path / 'bad.json'}: not JSON"),
+                          ([files[0]], "error: bench-merge needs two or more bench.json files"),
+                          ([files[0], tmp_path / "seeds.json"], f"error: {tmp_path / 'seeds.json'}: not a bench.json "
+                           "(its seeds are not a list of integers)"),
+                          ([files[0], tmp_path / "none.json"], f"error: {tmp_path / 'none.json'}: No such file")]:
+        res = merge(*map(str, args), "--out", str(tmp_path / "bad"))
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith(message), res.stderr
+    assert not (tmp_path / "bad").exists()
 
 
 def test_rows_and_seeds_parse() -> None:

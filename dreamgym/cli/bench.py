@@ -34,5 +34,30 @@ def bench(
     run_bench(env, seed_list, row_list, profile, out, parse_overrides(set_), config, force=force, command=command)
 
 
+def bench_merge(
+    files: list[Path] = typer.Argument(..., help="bench.json files of one config, on disjoint seeds"),
+    out: Path = typer.Option(..., "--out", help="directory for the merged bench.json, bench.md and report.html"),
+    rows: str | None = typer.Option(None, help="comma-separated rows (default: those every file has)"),
+) -> None:
+    """One table from benches run apart on disjoint seeds of the same config (each seed's demo takes hours on 2 cores):
+    the CIs and paired tests are recomputed over all the seeds from the files' raw per-task results."""
+    import json
+
+    from dreamgym.bench import merge_benches, write_bench
+
+    benches = {}
+    for f in files:
+        if str(f) in benches:
+            raise ValueError(f"{f} is given twice")
+        try:
+            benches[str(f)] = json.loads(f.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{f}: not JSON ({e.msg} at line {e.lineno})") from None
+    merged = merge_benches(benches, rows.split(",") if rows else None,
+                           command=shlex.join(["dreamgym", *sys.argv[1:]]))
+    write_bench(out, merged)
+
+
 def register(app: typer.Typer) -> None:
     app.command("bench")(bench)
+    app.command("bench-merge")(bench_merge)
