@@ -100,13 +100,17 @@ def random_baseline(cfg: DemoConfig, run: Path) -> dict[str, Any] | None:
 
 
 def seed_facts(run: Path) -> dict[str, Any]:
-    """A seed's stage seconds (each stage's marker; their sum is the demo's length) and M_exp's held-out fidelity
-    (``table.json``), so that bench.json says how long a seed took and how faithful its dream was."""
+    """A seed's stage seconds (each stage's marker; their sum is the demo's length), M_exp's held-out fidelity
+    (``table.json``) and the software each stage was made with (:func:`dreamgym.software.software`; stages made
+    before markers recorded it are left out), so that bench.json says how long a seed took, how faithful its dream
+    was and what made it."""
     seconds = {p.stem: json.loads(p.read_text()).get("stage_seconds") for p in sorted((run / "stages").glob("*.json"))
                if not p.name.endswith(".started.json")}
     table = json.loads((run / "table.json").read_text()) if (run / "table.json").exists() else {}
+    software = {p.stem: json.loads(p.read_text()).get("software") for p in sorted((run / "stages").glob("*.json"))
+                if not p.name.endswith(".started.json")}
     return {"stage_seconds": seconds, "total_seconds": round(sum(v for v in seconds.values() if v), 1),
-            "fidelity": table.get("fidelity")}
+            "fidelity": table.get("fidelity"), "software": {k: v for k, v in software.items() if v}}
 
 
 def _series(values: list[float]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
+from dreamgym.software import software
 from dreamgym.types import read_yaml_mapping
 
 if TYPE_CHECKING:
@@ -448,7 +449,7 @@ def _stage(name: str, marker: Path, run: Callable[[], Any], key: dict[str, Any],
     started.write_text(json.dumps({"cache_key": key}, indent=2))  # a rerun resumes this attempt only under key
     t0 = time.monotonic()
     result = run()
-    result = {**result, "stage_seconds": round(time.monotonic() - t0, 1), "cache_key": key}
+    result = {**result, "stage_seconds": round(time.monotonic() - t0, 1), "software": software(), "cache_key": key}
     partial = marker.with_suffix(".partial")
     partial.write_text(json.dumps(result, indent=2))
     os.replace(partial, marker)

@@ -178,3 +178,15 @@ def test_a_run_without_a_dream_writes_no_experience_model(tmp_path: Path) -> Non
     assert sorted(p.stem for p in (tmp_path / "stages").glob("*.json")) == ["collect", "sft"]
     assert not (tmp_path / "experience_model").exists() and not (tmp_path / "offline_annotated.jsonl").exists()
     assert json.loads((tmp_path / "table.json").read_text())["rows"][0]["method"] == "SFT"
+    # each marker and the policy's summary say what made them: the versions that can change a number, the commit
+    import torch
+    import transformers
+
+    from dreamgym.software import software
+
+    for made in (json.loads((tmp_path / "stages" / "sft.json").read_text())["software"],
+                 json.loads((tmp_path / "sft" / "summary.json").read_text())["software"]):
+        assert made == software()
+        assert made["torch"] == torch.__version__ and made["transformers"] == transformers.__version__
+    if (Path(__file__).resolve().parent.parent / ".git").exists():
+        assert len(software()["dreamgym_commit"].removesuffix("+dirty")) == 40

@@ -28,6 +28,7 @@ from dreamgym.agent.policy import (
 )
 from dreamgym.envs import find_spec
 from dreamgym.sft import SFTConfig, SFTExample, train_sft
+from dreamgym.software import software
 from dreamgym.types import DataError, Trajectory, read_trajectories
 
 log = logging.getLogger(__name__)
@@ -239,6 +240,7 @@ def train_bc(
         "seconds": round(time.monotonic() - t0, 1),
         "prep_seconds": round(prep_s, 1),
         "sft_config": sft_cfg.model_dump(),
+        "software": software(),
     }
     (run / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -54,6 +54,7 @@ from dreamgym.experience.protocol import (
 )
 from dreamgym.experience.reward_head import HEAD_FILE, RewardHead, endings
 from dreamgym.sft import SFTConfig, SFTExample, encode_prompt, prompt_budget, train_sft
+from dreamgym.software import software
 from dreamgym.types import DataError, Trajectory, Transition, read_trajectories
 
 if TYPE_CHECKING:
@@ -542,6 +543,7 @@ def train_experience_model(
         "data": [str(p) for p in data_paths],
         "reward_head": head.summary if head is not None else None,
         "premised_transitions": premised,
+        "software": software(),
     }
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
     return summary

@@ -25,6 +25,7 @@ from dreamgym.rl.config import RLConfig
 from dreamgym.rl.critic import check_horizon
 from dreamgym.rl.distributed import Dist
 from dreamgym.rl.learner import Learner
+from dreamgym.software import software
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +269,7 @@ def write_summary(run: Path, cfg: RLConfig, state: TrainState) -> dict[str, Any]
         "initial_eval": state.evals[0] if state.evals and state.evals[0]["iteration"] == 0 else None,
         "evals": state.evals, "seconds": round(state.seconds, 1),
         "wall_s": state.seconds, "real_wait_s": state.real_wait_s, "real_env_s": state.real_env_s,
-        "world_size": state.world_size,
+        "world_size": state.world_size, "software": software(),
     }
     (run / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
