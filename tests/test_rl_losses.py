@@ -440,3 +440,19 @@ def test_restricted_logprobs_renormalise_over_the_allowed_tokens_and_leave_the_o
     assert logits.grad[0, 1, 4].abs() > 0 and logits.grad[0, 2].abs().sum() > 0
     with pytest.raises(ValueError, match="2 allowed-token sets for 3 response tokens"):
         allowed_vocab(mask, [[[1], [2]], None], vocab)
+
+
+def test_entropy_of_masked_logits_has_the_allowed_subsets_gradient() -> None:
+    """An entropy bonus under action masking: the −inf logits get gradient 0 (not NaN) and the others the
+    gradient of the entropy over the allowed tokens alone."""
+    from dreamgym.rl.losses import entropy_from_logits
+
+    z = torch.tensor([[0.3, -1.2, 2.0, 0.7], [1.0, 0.0, -0.5, 0.25]], requires_grad=True)
+    allowed = torch.tensor([[True, False, True, True], [False, True, True, False]])
+    entropy_from_logits(z.masked_fill(~allowed, float("-inf"))).sum().backward()
+    assert z.grad is not None and torch.isfinite(z.grad).all() and (z.grad[~allowed] == 0).all()
+    for row in range(2):
+        sub = z.detach()[row, allowed[row]].clone().requires_grad_(True)
+        p = sub.softmax(-1)
+        (-(p * p.log()).sum()).backward()
+        assert torch.allclose(z.grad[row, allowed[row]], sub.grad, atol=1e-6)

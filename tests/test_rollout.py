@@ -17,7 +17,7 @@ from dreamgym.envs.pool import EnvPool, LocalEnvPool, env_factory
 from dreamgym.envs.shop import ShopEnv
 from dreamgym.llm.hf import HFLLM
 from dreamgym.llm.tiny import init_tiny_model
-from dreamgym.rl.batch import collate, turn_rows
+from dreamgym.rl.batch import collate, response_window, turn_rows
 from dreamgym.rl.evaluate import eval_tasks, evaluate_policy, run_eval_episodes
 from dreamgym.rl.losses import sequence_logprobs
 from dreamgym.rl.rollout import RolloutStats, collect_rollouts, count_env_steps
@@ -147,11 +147,12 @@ def test_with_dropout_the_first_ratio_of_an_update_is_exactly_one(micro_dir: Pat
     llm = HFLLM(model.eval(), AutoTokenizer.from_pretrained(micro_dir))
     policy = LLMPolicy(llm, PolicyConfig(max_new_tokens=8))
     rows = turn_rows(collect_rollouts(pool, policy, pool.tasks("train")[:2], group_size=2, max_steps=2, seed=0))
-    batch = collate(rows, llm.pad_id)
-    with torch.no_grad():  # exact behaviour log-probs: the dropout-free full forward (generation's cache aside)
-        exact = sequence_logprobs(model, batch["input_ids"], batch["attention_mask"])
+    batch = collate(rows, llm.pad_id, left=True)  # as the learner batches them: left-padded, its LM head windowed
+    keep = response_window(rows)
+    with torch.no_grad():  # exact behaviour log-probs: the dropout-free forward (generation's cache aside)
+        exact = sequence_logprobs(model, batch["input_ids"], batch["attention_mask"], keep=keep)
     for i, row in enumerate(rows):
-        row.old_logprobs = exact[i][batch["mask"][i] > 0].tolist()
+        row.old_logprobs = exact[i][batch["mask"][i, -keep:] > 0].tolist()
         row.advantage = 1.0 if i % 2 else -1.0
     learner = Learner(policy, RLConfig(algo="ppo", minibatch_size=1000, micro_batch_size=4, lr=1e-3))
     critic = learner.critic
@@ -311,3 +312,48 @@ def test_ray_pool_gives_the_same_episodes_as_the_local_pool(policy: LLMPolicy) -
     assert [[(t.action, t.next_state, t.reward) for t in e.turns] for e in remote] == [
         [(t.action, t.next_state, t.reward) for t in e.turns] for e in local
     ]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_windowed_loss_equals_the_whole_sequences(micro_dir: Path, pool: LocalEnvPool, masked: bool) -> None:
+    """The learner scores left-padded micro-batches with the LM head on the response window only
+    (``logits_to_keep``): its log-probs, loss, entropy and gradients equal those of the right-padded batch's
+    whole-sequence logits, with action masking too."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dreamgym.rl.config import RLConfig
+    from dreamgym.rl.learner import Learner
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(micro_dir)
+    llm = HFLLM(model.eval(), AutoTokenizer.from_pretrained(micro_dir))
+    policy = LLMPolicy(llm, PolicyConfig(max_new_tokens=8))
+    rows = turn_rows(collect_rollouts(pool, policy, pool.tasks("train")[:3], group_size=2, max_steps=3, seed=0))
+    for i, row in enumerate(rows):  # responses of several lengths (the untrained model's run to max_new_tokens)
+        n = 3 + i % 6
+        row.response_ids = row.response_ids[:n]
+        row.old_logprobs = [x - 0.05 * (i % 2) for x in row.old_logprobs[:n]]  # ratios away from 1: clipping applies
+        row.advantage = (-1.0) ** i * (1 + i % 3)
+        if masked:  # each response token among itself and two others
+            row.allowed_ids = [sorted({t, (t + 1) % 50, (t + 7) % 50}) for t in row.response_ids]
+    assert len({len(r.prompt_ids) for r in rows}) > 1 and len({len(r.response_ids) for r in rows}) > 1
+    learner = Learner(policy, RLConfig(minibatch_size=1000, micro_batch_size=1000, entropy_coef=0.01, kl_coef=0.05))
+    assert learner.window  # a Hugging Face causal LM takes logits_to_keep
+    from dreamgym.rl.learner import _KeepLogits
+
+    results = []
+    for window in (True, False):
+        learner.window = window
+        model.zero_grad(set_to_none=True)
+        loss, stats = learner._policy_loss(_KeepLogits(model), learner._collate(rows, left=window), rows)
+        loss.backward()
+        results.append((loss.item(), stats, {n: p.grad.clone() for n, p in model.named_parameters()
+                                             if p.grad is not None}))
+    (loss_w, stats_w, grads_w), (loss_f, stats_f, grads_f) = results
+    assert loss_w == pytest.approx(loss_f, rel=1e-5, abs=1e-7)
+    for key in ("entropy", "kl", "ratio_mean", "clip_frac", "logp_behaviour_gap"):
+        assert stats_w[key] == pytest.approx(stats_f[key], rel=1e-4, abs=1e-7), key
+    assert grads_w.keys() == grads_f.keys() and grads_w
+    for name, g in grads_w.items():
+        assert torch.isfinite(g).all(), name
+        torch.testing.assert_close(g, grads_f[name], rtol=1e-4, atol=1e-6, msg=name)

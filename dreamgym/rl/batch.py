@@ -43,9 +43,11 @@ def turn_rows(episodes: Sequence[Episode]) -> list[TurnRow]:
     return rows
 
 
-def collate(rows: Sequence[TurnRow], pad_id: int, with_response: bool = True) -> dict[str, Tensor]:
-    """Right-padded ``input_ids``/``attention_mask`` [B, L]; ``mask`` is 1 on response tokens only, and
-    ``old_logp`` holds the behaviour log-probs at those positions (aligned with the token they score)."""
+def collate(rows: Sequence[TurnRow], pad_id: int, with_response: bool = True, left: bool = False) -> dict[str, Tensor]:
+    """Right-padded (``left``: left-padded) ``input_ids``/``attention_mask`` [B, L]; ``mask`` is 1 on response
+    tokens only, and ``old_logp`` holds the behaviour log-probs at those positions (aligned with the token they
+    score). Left-padded, every row's response ends the row: the last max-response + 1 positions hold all the
+    positions that predict a response token (:func:`response_window`)."""
     seqs = [r.prompt_ids + r.response_ids if with_response else r.prompt_ids for r in rows]
     width = max(len(s) for s in seqs)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -53,13 +55,21 @@ def collate(rows: Sequence[TurnRow], pad_id: int, with_response: bool = True) ->
     mask = torch.zeros((len(rows), width))
     old_logp = torch.zeros((len(rows), width))
     for i, (r, s) in enumerate(zip(rows, seqs, strict=True)):
-        ids[i, : len(s)] = torch.tensor(s)
-        attn[i, : len(s)] = 1
+        start = width - len(s) if left else 0
+        ids[i, start : start + len(s)] = torch.tensor(s)
+        attn[i, start : start + len(s)] = 1
         if with_response:
-            start, end = len(r.prompt_ids), len(s)
-            mask[i, start:end] = 1.0
-            old_logp[i, start:end] = torch.tensor(r.old_logprobs)
+            first, end = start + len(r.prompt_ids), start + len(s)
+            mask[i, first:end] = 1.0
+            old_logp[i, first:end] = torch.tensor(r.old_logprobs)
     return {"input_ids": ids, "attention_mask": attn, "mask": mask, "old_logp": old_logp}
+
+
+def response_window(rows: Sequence[TurnRow]) -> int:
+    """How many final positions of a left-padded batch (:func:`collate` with ``left``) hold every response token
+    and the prompt token before each row's first: the longest response + 1. The loss needs the LM head on those
+    positions only (``logits_to_keep``), not on the prompts' hundreds."""
+    return max(len(r.response_ids) for r in rows) + 1
 
 
 def grpo_advantages(
@@ -145,4 +155,4 @@ def ppo_advantages(
             row.advantage = a
 
 
-__all__ = ["TurnRow", "collate", "grpo_advantages", "ppo_advantages", "turn_rows"]
+__all__ = ["TurnRow", "collate", "grpo_advantages", "ppo_advantages", "response_window", "turn_rows"]

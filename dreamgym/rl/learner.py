@@ -13,6 +13,7 @@ averages the ranks' gradients), so the all-reduced gradient is the 1-process gra
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from dreamgym.agent.policy import LLMPolicy, load_policy
-from dreamgym.rl.batch import TurnRow, collate
+from dreamgym.rl.batch import TurnRow, collate, response_window
 from dreamgym.rl.config import RLConfig
 from dreamgym.rl.critic import Critic
 from dreamgym.rl.distributed import Dist, owned
@@ -70,6 +71,9 @@ class Learner:
         self.policy, self.cfg, self.dist = policy, cfg, dist or Dist()
         self.model: nn.Module = llm.model  # unwrapped: rollouts generate with it, checkpoints save it
         self.pad_id: int = llm.pad_id
+        # the loss needs the LM head only where a response token is predicted: left-padded micro-batches and
+        # Hugging Face's logits_to_keep (a model without it gets the whole sequence's logits, as before)
+        self.window = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self.ref_model: nn.Module | None = None
         if cfg.kl_coef > 0:
             if resumed:
@@ -119,6 +123,8 @@ class Learner:
             for start in range(0, len(lengths), cfg.minibatch_size):
                 members = order[start : start + cfg.minibatch_size]
                 minibatch = [rows[i] for i in owned(list(members), lo, lo + len(rows))]
+                # micro-batches of similar lengths pad less; the minibatch's gradient is their sum all the same
+                minibatch.sort(key=lambda r: len(r.prompt_ids) + len(r.response_ids))
                 tokens = float(sum(lengths[i] for i in members))
                 self.optimizer.zero_grad(set_to_none=True)
                 micros = [minibatch[m : m + cfg.micro_batch_size] for m in range(0, len(minibatch), cfg.micro_batch_size)]
@@ -127,7 +133,7 @@ class Learner:
                         if not micro:
                             dist.backward(self._nothing(keeper))
                             continue
-                        batch = self._collate(micro)
+                        batch = self._collate(micro, left=self.window)
                         loss, stats = self._policy_loss(keeper, batch, micro)
                         weight = _weight(batch, tokens, len(members), cfg.loss_agg)
                         dist.backward(loss * (weight * dist.world_size if dist.world_size > 1 else weight))
@@ -148,8 +154,8 @@ class Learner:
                 merged.setdefault(k, []).extend(v)
         return {k: float(np.mean(v)) for k, v in merged.items()}
 
-    def _collate(self, rows: Sequence[TurnRow], with_response: bool = True) -> dict[str, Tensor]:
-        batch = collate(rows, self.pad_id, with_response)
+    def _collate(self, rows: Sequence[TurnRow], with_response: bool = True, left: bool = False) -> dict[str, Tensor]:
+        batch = collate(rows, self.pad_id, with_response, left)
         if self.dist.device.type == "cpu":
             return batch
         return {k: v.to(self.dist.device) for k, v in batch.items()}
@@ -165,15 +171,18 @@ class Learner:
     ) -> tuple[Tensor, dict[str, float]]:
         """A micro-batch's clipped policy loss (− entropy bonus, + KL to π_ref) and its logged quantities."""
         cfg = self.cfg
-        ids, attn, mask = batch["input_ids"], batch["attention_mask"], batch["mask"]
-        logp = sequence_logprobs(keeper, ids, attn, temperature=cfg.temperature)
+        ids, attn, mask, old_logp = batch["input_ids"], batch["attention_mask"], batch["mask"], batch["old_logp"]
+        keep = response_window(micro) if self.window else None  # the batch is left-padded then
+        logp = sequence_logprobs(keeper, ids, attn, temperature=cfg.temperature, keep=keep)
+        if keep is not None:  # every tensor of the loss over the same final positions as the logits
+            mask, old_logp = mask[:, -keep:], old_logp[:, -keep:]
         assert keeper.logits is not None
         vocab = None  # action masking: the tokens each response token was sampled among
         if any(r.allowed_ids is not None for r in micro):
             vocab = allowed_vocab(mask, [r.allowed_ids for r in micro], keeper.logits.shape[-1])
             logp = restrict_logprobs(logp, keeper.logits, mask, vocab, cfg.temperature)
         advantages = torch.tensor([r.advantage for r in micro], device=logp.device)
-        loss, stats = policy_loss(logp, batch["old_logp"], advantages, mask, cfg.clip_eps, cfg.clip_eps_high,
+        loss, stats = policy_loss(logp, old_logp, advantages, mask, cfg.clip_eps, cfg.clip_eps_high,
                                   cfg.loss_agg, self.max_new_tokens, cfg.clip_ratio_c)
         stats["pg_loss"] = loss.item()
         # entropy of the distributions that produced the response tokens (logits at t-1 predict t)
@@ -187,14 +196,14 @@ class Learner:
         if self.ref_model is not None:
             with torch.no_grad():
                 ref = _KeepLogits(self.ref_model)
-                ref_logp = sequence_logprobs(ref, ids, attn, temperature=cfg.temperature)
+                ref_logp = sequence_logprobs(ref, ids, attn, temperature=cfg.temperature, keep=keep)
                 if vocab is not None:
                     assert ref.logits is not None
                     ref_logp = restrict_logprobs(ref_logp, ref.logits, mask, vocab, cfg.temperature)
             kl = agg_loss(kl_penalty(logp, ref_logp, cfg.kl_estimator), mask, cfg.loss_agg, self.max_new_tokens)
             loss = loss + cfg.kl_coef * kl
             stats["kl"] = kl.item()
-        stats["logp_behaviour_gap"] = masked_mean((logp.detach() - batch["old_logp"]).abs(), mask).item()
+        stats["logp_behaviour_gap"] = masked_mean((logp.detach() - old_logp).abs(), mask).item()
         return loss, stats
 
     def _critic_step(self, minibatch: list[TurnRow], size: int) -> float:

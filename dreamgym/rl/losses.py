@@ -119,7 +119,7 @@ def token_logprobs(logits: Tensor, labels: Tensor) -> Tensor:
 
 
 def sequence_logprobs(
-    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0, keep: int | None = None
 ) -> Tensor:
     """Per-token log-probs of ``input_ids`` under a causal LM, aligned with the tokens: [B, L].
 
@@ -127,9 +127,17 @@ def sequence_logprobs(
     and likewise 0 on padding and on each row's first real token. Left or right padding both work: position
     ids are counted over real tokens only. ``temperature`` must match the sampler's so that these equal the behaviour
     policy's log-probs (logits / τ, as verl and vLLM do).
+
+    ``keep``: only the last ``keep`` positions, [B, keep] (out[:, 0] = 0 again): the model computes its LM head
+    there only (Hugging Face's ``logits_to_keep``), so a loss on the responses of a left-padded batch skips the
+    [B, L, V] logits of the prompts (:func:`dreamgym.rl.batch.response_window`). The model's logits are then
+    [B, keep, V].
     """
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    extra = {} if keep is None else {"logits_to_keep": keep}
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra).logits
+    if keep is not None:
+        input_ids, attention_mask = input_ids[:, -keep:], attention_mask[:, -keep:]
     if temperature != 1.0:
         logits = logits / temperature
     # logits at t-1 predict the token at t; a token is scored only if it and its predictor are both real
@@ -175,11 +183,13 @@ def restrict_logprobs(logp: Tensor, logits: Tensor, mask: Tensor, vocab: Tensor,
 def entropy_from_logits(logits: Tensor) -> Tensor:
     """H = logsumexp(z) − Σ_v softmax(z)_v z_v per position: [..., V] → [...].
 
-    Stable for large logits, and for −inf (masked-out) logits, whose 0 · −inf term is taken as 0.
+    Stable for large logits, and for −inf (masked-out) logits, whose 0 · −inf term is taken as 0: the logit is
+    zeroed before the product, so the backward pass never forms 0 · −inf either (``torch.where`` on the product
+    would give NaN gradients: an entropy bonus under action masking trained on NaN).
     """
     logits = logits.float()
     probs = logits.softmax(-1)
-    weighted = torch.where(probs > 0, probs * logits, torch.zeros_like(probs))
+    weighted = probs * torch.where(probs > 0, logits, torch.zeros_like(logits))
     return torch.logsumexp(logits, dim=-1) - weighted.sum(-1)
 
 
