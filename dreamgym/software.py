@@ -21,15 +21,12 @@ PACKAGES = ("torch", "transformers", "tokenizers", "accelerate", "peft", "numpy"
 def software() -> dict[str, str]:
     """Python's and :data:`PACKAGES`' versions (those installed) and ``dreamgym``: its version and, in a git
     checkout, the commit (``+dirty`` when tracked files have uncommitted changes)."""
-    from dreamgym import __version__
-
     found = {"python": platform.python_version()}
-    for name in PACKAGES:
+    for name in (*PACKAGES, "dreamgym"):
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    found["dreamgym"] = __version__
     if commit := _git_commit(Path(__file__).resolve().parent.parent):
         found["dreamgym_commit"] = commit
     return found

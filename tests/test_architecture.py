@@ -3,7 +3,7 @@ it back, at any depth (top-level packages, and the modules inside each package).
 module-level, function-level and ``TYPE_CHECKING`` ones.
 
 The top-level order is the paper's data flow: types → envs → {llm, replay} → sft → experience → curriculum →
-agent → rl → {baselines, pretrain, adapters} → pipeline → bench → cli (stats: a leaf beside types).
+agent → rl → {baselines, pretrain, adapters} → pipeline → bench → cli (stats and software: leaves beside types).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "dreamgym"
 # Lower layers never import higher ones; packages in one layer do not import each other.
 LAYERS: list[set[str]] = [
-    {"types", "stats"},
+    {"types", "stats", "software"},
     {"envs"},
     {"llm", "replay"},
     {"sft"},
