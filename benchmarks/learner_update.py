@@ -1,6 +1,6 @@
 """Seconds per RL update with the LM head on the response window (``logits_to_keep`` on left-padded micro-batches,
 the learner's default for Hugging Face models) against the whole sequences' logits (the learner before it), on the
-same turns: prompts as the policy builds them from a rollouts file's steps, responses of its actions' lengths.
+same turns: a rollouts file's steps as the policy prompts them and writes their actions (its cloning target).
 
     python benchmarks/learner_update.py RUN/rollouts/iter_00001.jsonl --policy RUN_OR_INIT [--rows 128] \
         [--rounds 3] [--threads 2] --out FILE.json
@@ -19,13 +19,14 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
 def main() -> None:
     import numpy as np
     import torch
 
-    from dreamgym.agent.policy import build_agent_prompt, load_policy
+    from dreamgym.agent.policy import action_target, load_policy
     from dreamgym.baselines.sft import agent_observations
     from dreamgym.rl.batch import TurnRow
     from dreamgym.rl.config import RLConfig
@@ -46,13 +47,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     policy = load_policy(args.policy)
-    llm = policy.llm
+    llm: Any = policy.llm
+    eos = sorted(llm.eos_ids)[:1]
     rows: list[TurnRow] = []
     for traj in read_trajectories(args.rollouts):
         for obs, x in zip(agent_observations(traj), traj.transitions, strict=True):
-            prompt = llm.encode(build_agent_prompt(obs, policy.cfg))  # type: ignore[attr-defined]
-            eos = sorted(llm.eos_ids)[:1]  # type: ignore[attr-defined]
-            response = list(llm.tokenizer(x.action, add_special_tokens=False)["input_ids"]) + eos  # type: ignore[attr-defined]
+            prompt = llm.encode(policy.fit_prompt(obs))  # the turn as the policy prompts and answers it
+            target = action_target(obs, x.action, policy.cfg)
+            response = list(llm.tokenizer(target, add_special_tokens=False)["input_ids"]) + eos
             rows.append(TurnRow(prompt, response, [-0.5] * len(response), advantage=(-1.0) ** len(rows)))
             if len(rows) == args.rows:
                 break

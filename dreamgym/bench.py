@@ -104,17 +104,20 @@ def seed_facts(run: Path) -> dict[str, Any]:
     (``table.json``) and the software each stage was made with (:func:`dreamgym.software.software`; stages made
     before markers recorded it are left out), so that bench.json says how long a seed took, how faithful its dream
     was and what made it."""
-    seconds = {p.stem: json.loads(p.read_text()).get("stage_seconds") for p in sorted((run / "stages").glob("*.json"))
+    markers = {p.stem: json.loads(p.read_text()) for p in sorted((run / "stages").glob("*.json"))
                if not p.name.endswith(".started.json")}
+    seconds = {name: m.get("stage_seconds") for name, m in markers.items()}
     table = json.loads((run / "table.json").read_text()) if (run / "table.json").exists() else {}
-    software = {p.stem: json.loads(p.read_text()).get("software") for p in sorted((run / "stages").glob("*.json"))
-                if not p.name.endswith(".started.json")}
     return {"stage_seconds": seconds, "total_seconds": round(sum(v for v in seconds.values() if v), 1),
-            "fidelity": table.get("fidelity"), "software": {k: v for k, v in software.items() if v}}
+            "fidelity": table.get("fidelity"),
+            "software": {name: m["software"] for name, m in markers.items() if m.get("software")}}
 
 
 def _series(values: list[float]) -> dict[str, Any]:
     return {"per_seed": values, "mean": sum(values) / len(values)}
+
+
+SEED_COUNTS = ("real_transitions", "synthetic_transitions", "seconds")  # a row's per-seed numbers besides its tasks
 
 
 def run_rows(run: Path, rows: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -149,8 +152,7 @@ def summarize_rows(seeds: Mapping[int, Mapping[str, Mapping[str, Any]]], rows: S
         reward = [[float(t["reward"]) for t in per_task[s]] for s in seeds]
         entry: dict[str, Any] = {
             "row": row, "method": seeds[next(iter(seeds))][row]["method"],
-            **{key: _series([seeds[s][row][key] for s in seeds])
-               for key in ("real_transitions", "synthetic_transitions", "seconds")},
+            **{key: _series([seeds[s][row][key] for s in seeds]) for key in SEED_COUNTS},
             "success_rate": bootstrap_ci(success, resamples, seed),
             "mean_reward": bootstrap_ci(reward, resamples, seed),
             "vs_sft": None,
@@ -354,11 +356,12 @@ def merge_benches(benches: Mapping[str, Mapping[str, Any]], rows: Sequence[str] 
         if not isinstance(b["seeds"], list) or not all(isinstance(x, int) for x in b["seeds"]):
             raise ValueError(f"{name}: not a bench.json (its seeds are not a list of integers)")
     (first_name, first), origin = items[0], dict[int, str]()
+    config = _current(first_name, first["config"])
     for name, b in items:
         for key in ("env", "profile", "episodes_per_seed"):
             if b[key] != first[key]:
                 raise ValueError(f"{name} and {first_name} differ in {key}: {b[key]!r} vs {first[key]!r}")
-        if (diff := _difference(_current(name, b["config"]), _current(first_name, first["config"]))) is not None:
+        if (diff := _difference(_current(name, b["config"]), config)) is not None:
             raise ValueError(f"{name} and {first_name} ran other configs: {diff}")
         for s in b["seeds"]:
             if s in origin:
@@ -377,8 +380,7 @@ def merge_benches(benches: Mapping[str, Mapping[str, Any]], rows: Sequence[str] 
         try:
             for i, s in enumerate(b["seeds"]):
                 seeds[s] = {row: {"method": by_row[row]["method"],
-                                  **{k: by_row[row][k]["per_seed"][i]
-                                     for k in ("real_transitions", "synthetic_transitions", "seconds")},
+                                  **{k: by_row[row][k]["per_seed"][i] for k in SEED_COUNTS},
                                   "per_task": list(by_row[row]["per_task"][f"seed{s}"])}
                             for row in dict.fromkeys(["sft", *rows])}
                 if baseline is not None and b.get("baseline"):

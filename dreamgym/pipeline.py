@@ -612,9 +612,9 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
     from dreamgym.rl.trainer import train
     from dreamgym.sft import SFTConfig
 
-    keys = stage_keys(cfg)
+    keys, active = stage_keys(cfg), active_stages(cfg)
     if not force:  # refuse before anything is written (demo_config.yaml included)
-        for name in active_stages(cfg):
+        for name in active:
             if stale := _stale(out / f"stages/{name}.json", keys[name]):
                 raise ValueError(f"{stale}; {FORCE_HINT}")
     out.mkdir(parents=True, exist_ok=True)
@@ -623,7 +623,7 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
     offline, annotated, exp_dir, sft_dir = out / "offline.jsonl", out / "offline_annotated.jsonl", out / "experience_model", out / "sft"
     # the extra behaviours' episodes (M_exp's data only), one file each; none with the user's own offline_file
     extra = [out / "offline_extra" / f"{i}.jsonl" for i in range(len(cfg.extra_behaviour))] if cfg.offline_file is None else []
-    total = len(active_stages(cfg))
+    total = len(active)
     numbered = iter(f"{i}/{total}" for i in range(1, total + 1))
 
     def stage(name: str, title: str, run: Callable[[], Any]) -> Any:
@@ -638,7 +638,6 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
     else:
         data = stage("collect", "collect offline data", lambda: collect_episodes(cfg, offline, cfg.offline_episodes,
                                                                                  "train", cfg.seed))
-    active = active_stages(cfg)
     if "collect_extra" in active:
         stage("collect_extra", STAGES["collect_extra"].title, lambda: collect_extra(cfg, extra))
     if "annotate" in active:  # M_exp's data: not run for rows without a dream (nor fidelity)
@@ -685,7 +684,7 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
                 "wm2real": s.get("wm2real")}
 
     by_row: dict[str, dict[str, Any]] = {"sft": rows[0]}
-    if "grpo_real" in active_stages(cfg):
+    if "grpo_real" in active:
         by_row["grpo_real"] = stage("grpo_real", f"GRPO in the real {env}",
                                     lambda: rl_stage(ROWS["grpo_real"], out / "grpo_real", {"init": str(sft_dir)}))
     if "ppo_real" in cfg.rows:
@@ -713,7 +712,7 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
             SFTConfig(**cfg.exp_sft), buffer_dir=out / f"buffer{suffix}", mixture=cfg.exp_mixture, seed=cfg.seed,
             reward_head=cfg.exp_reward_head, reserve_prompt=cfg.exp_reserve_prompt))
 
-    if "dreamgym" in active_stages(cfg):
+    if "dreamgym" in active:
         by_row["dreamgym"] = stage("dreamgym", "DreamGym: GRPO in the dream (0 real transitions)",
                                    lambda: dream("dreamgym"))
     if "s2r" in cfg.rows:

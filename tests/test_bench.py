@@ -273,8 +273,7 @@ def test_bench_merge_refuses_benches_that_are_not_one_config(tmp_path: Path, cha
     from dreamgym.bench import merge_benches
 
     a = one_bench(tmp_path / "a", [1], ["sft", "dreamgym"])
-    b = one_bench(tmp_path / "b", change.get("seeds", [2]), ["sft", "dreamgym"],
-                  **{k: v for c in [change.get("config", {})] for k, v in c.items()})
+    b = one_bench(tmp_path / "b", change.get("seeds", [2]), ["sft", "dreamgym"], **change.get("config", {}))
     if "sft" in change.get("config", {}):
         b["config"]["sft"] = {**a["config"]["sft"], **change["config"]["sft"]}
     b["env"] = change.get("env", b["env"])
