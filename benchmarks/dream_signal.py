@@ -16,7 +16,9 @@ real game makes it exactly when none is missing, so a meal made with one missing
 the real game pays only for eating one made with none missing. And its ``open X`` steps by whether the next page
 offers to take a recipe ingredient from X: what a container holds is hidden until opened, so a dream that invents
 it can hide the recipe from the policy (the real game's data says how often opening reveals one). Steps the dream
-recalled from the offline data (``DreamConfig.recall``: marked ``recalled`` in their info) are counted apart.
+recalled from the offline data (``DreamConfig.recall``: marked ``recalled`` in their info) are counted apart. And the
+valid, non-final steps that changed nothing but their feedback by the env's own reading of the two pages
+(``TextEnv.had_effect``; what ``RLConfig.no_effect_penalty`` charges), the ``prepare meal`` ones apart.
 """
 
 from __future__ import annotations
@@ -87,6 +89,40 @@ def repeated_pages(trajs: list[tuple[str, dict[str, Any]]]) -> dict[str, int]:
             "recalled_pages": sum(map(_recalled, steps))}
 
 
+def steps_without_effect(trajs: list[tuple[str, dict[str, Any]]]) -> dict[str, int] | None:
+    """Valid, non-final steps of the trajectories whose task names a registered env (the first one named), and
+    those that env reads as changing nothing but the feedback, with the ``prepare meal`` ones apart; None where no
+    trajectory names an env or the env cannot tell."""
+    from dreamgym.envs import find_spec, make
+
+    envs = [str(t["task"]["env"]) for _, t in trajs if isinstance(t.get("task"), dict) and t["task"].get("env")]
+    if not envs or find_spec(envs[0]) is None:
+        return None
+    env = make(envs[0])
+    counts = {"steps": 0, "no_effect": 0, "prepare_meal": 0, "prepare_meal_no_effect": 0}
+    try:
+        for where, traj in trajs:
+            if not isinstance(traj.get("task"), dict) or traj["task"].get("env") != envs[0]:
+                continue
+            for x in traj["transitions"]:
+                try:
+                    if x.get("done") or (x.get("info") or {}).get("invalid_action"):
+                        continue
+                    effect = env.had_effect(str(x["state"]), str(x["next_state"]))
+                except (KeyError, TypeError, AttributeError) as e:
+                    raise BadInput(f"{where}: not a trajectory ({e})") from None
+                if effect is None:
+                    return None
+                prepare = x.get("action") == "prepare meal"
+                counts["steps"] += 1
+                counts["no_effect"] += not effect
+                counts["prepare_meal"] += prepare
+                counts["prepare_meal_no_effect"] += prepare and not effect
+    finally:
+        env.close()
+    return counts
+
+
 def meal_verdicts(trajs: list[tuple[str, dict[str, Any]]]) -> dict[str, int] | None:
     """TextWorld's ``prepare meal`` steps by (every recipe ingredient carried, meal made), and the paid episodes by
     the meals they made; None where no episode's task names a recipe or no step prepares a meal."""
@@ -143,7 +179,8 @@ def signal(run: Path) -> dict[str, Any]:
 def _page_counts(rollouts: Path, key: str) -> dict[str, Any]:
     trajs = read_rollouts(rollouts)
     return {key: repeated_pages(trajs) if trajs is not None else None,
-            "meals": meal_verdicts(trajs) if trajs is not None else None}
+            "meals": meal_verdicts(trajs) if trajs is not None else None,
+            "no_effect": steps_without_effect(trajs) if trajs is not None else None}
 
 
 def _meals_text(m: dict[str, int] | None) -> str:
@@ -155,6 +192,13 @@ def _meals_text(m: dict[str, int] | None) -> str:
             f"episodes {m['paid_after_ready_meal']} made a meal with none missing, {m['paid_after_missing_meal_only']} "
             f"only with one missing, {m['paid_without_meal']} none; {m['opens_revealing_ingredient']} of {m['opens']} "
             f"opens offered a recipe ingredient ({m['opens_recalled']} opens recalled)")
+
+
+def _no_effect_text(c: dict[str, int] | None) -> str:
+    if not c:
+        return ""
+    return (f"; {c['no_effect']} of {c['steps']} valid non-final steps changed nothing but the feedback "
+            f"({c['prepare_meal_no_effect']} of {c['prepare_meal']} prepares)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,10 +224,11 @@ def main(argv: list[str] | None = None) -> int:
               f"of {r['groups']}; wm2real: {w.get('invalid_in_real', '-')} of {w.get('episodes', '-')} replayed "
               f"episodes take an action the real env rejects, real success {w.get('real_success_rate', '-')}"
               + (f"; {p['repeated_element_pages']} of {p['pages']} rollout pages list an element twice, "
-                 f"{p['recalled_pages']} recalled" if (p := r["rollout_pages"]) else "") + _meals_text(r["meals"]))
+                 f"{p['recalled_pages']} recalled" if (p := r["rollout_pages"]) else "") + _meals_text(r["meals"])
+              + _no_effect_text(r["no_effect"]))
     for d in data:
         print(f"{d['data']}: {d['pages']['repeated_element_pages']} of {d['pages']['pages']} pages list an element twice"
-              + _meals_text(d["meals"]))
+              + _meals_text(d["meals"]) + _no_effect_text(d["no_effect"]))
     if args.out:
         cmd = "python benchmarks/dream_signal.py " + " ".join(sys.argv[1:] if argv is None else argv)
         args.out.write_text(json.dumps({"command": cmd, "runs": reports, "data": data}, indent=2))

@@ -515,7 +515,7 @@ def test_dream_signal_counts_the_groups_grpo_cannot_learn_from(tmp_path: Path) -
     (run / "rollouts" / "iter_00001.jsonl").write_text(json.dumps({"transitions": [{"next_state": p} for p in pages]}))
     # TextWorld meals: made with milk missing (a page the real game never writes), refused, and made with both
     egg, both, meal = "[i1] carrying: an egg", "[i1] carrying: an egg\n[i2] carrying: some milk", "[i1] carrying: a meal"
-    recipe = {"task": {"instruction": "Cook! (ingredients: egg (fried), milk)"}, "transitions": [
+    recipe = {"task": {"env": "textworld", "instruction": "Cook! (ingredients: egg (fried), milk)"}, "transitions": [
         {"state": egg, "action": "prepare meal", "next_state": meal},
         {"state": egg, "action": "prepare meal", "next_state": egg},
         {"state": egg, "action": "take milk", "next_state": both},
@@ -545,6 +545,10 @@ def test_dream_signal_counts_the_groups_grpo_cannot_learn_from(tmp_path: Path) -
                                "opens_recalled": 1}
     assert "meals made with an ingredient missing 2 of 3 such prepares" in done.stdout
     assert "1 of 3 opens offered a recipe ingredient (1 opens recalled)" in done.stdout
+    # TextWorld's reading of each step (TextEnv.had_effect): only the refused prepare changed nothing but the
+    # feedback (the pages of iter_00001, whose task names no env, are not read)
+    assert report["no_effect"] == {"steps": 9, "no_effect": 1, "prepare_meal": 4, "prepare_meal_no_effect": 1}
+    assert "1 of 9 valid non-final steps changed nothing but the feedback (1 of 4 prepares)" in done.stdout
     data = subprocess.run([sys.executable, str(script), str(run), "--data", str(run / "rollouts" / "iter_00001.jsonl"),
                            "--data", str(tmp_path / "nothing.jsonl")], capture_output=True, text=True, timeout=120)
     assert data.returncode == 2 and "nothing.jsonl: no such trajectory file" in data.stderr

@@ -216,10 +216,12 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(url: str) -> None:
 
 
 def test_session_cap_and_idle_eviction() -> None:
-    app = create_app("counter", max_sessions=2, idle_timeout_s=0.3)
-    with BackgroundServer(app) as base:
+    # The cap, with sessions that never idle out while the client backs off (on a loaded machine its retries
+    # took longer than a short idle timeout, which freed a slot and let them succeed).
+    with BackgroundServer(create_app("counter", max_sessions=2, idle_timeout_s=600)) as base:
         h = httpx.Client(base_url=base, timeout=5)
-        first, second = h.post("/create").json()["id"], h.post("/create").json()["id"]
+        for _ in range(2):
+            assert h.post("/create").status_code == 200
         res = h.post("/create")
         assert res.status_code == 503 and "session cap (2)" in res.json()["error"]
         assert res.headers["retry-after"] == "1"
@@ -228,10 +230,15 @@ def test_session_cap_and_idle_eviction() -> None:
             client(base, retries=1).reset(
                 options={"task": Task(task_id="x", instruction="", goal={"data_idx": 0})}
             )
+        h.close()
+    # Eviction: idle 2 s; the sleeps leave `first` idle 2.4 s and `second` 1.2 s, margins a loaded machine keeps.
+    with BackgroundServer(create_app("counter", max_sessions=2, idle_timeout_s=2.0)) as base:
+        h = httpx.Client(base_url=base, timeout=5)
+        first, second = h.post("/create").json()["id"], h.post("/create").json()["id"]
         h.post("/reset", json={"id": second, "data_idx": 0})
-        time.sleep(0.2)
+        time.sleep(1.2)
         h.get("/observation", params={"id": second})  # keeps `second` alive
-        time.sleep(0.2)
+        time.sleep(1.2)
         third = h.post("/create").json()["id"]  # `first` was idle past the timeout: evicted, freeing a slot
         assert h.get("/observation", params={"id": first}).status_code == 404
         assert h.get("/observation", params={"id": second}).status_code == 200

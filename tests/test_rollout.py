@@ -357,3 +357,37 @@ def test_the_windowed_loss_equals_the_whole_sequences(micro_dir: Path, pool: Loc
     for name, g in grads_w.items():
         assert torch.isfinite(g).all(), name
         torch.testing.assert_close(g, grads_f[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+class StillShop(ShopEnv):
+    """The real shop, saying that every page of even length changed nothing (an arbitrary, checkable rule)."""
+
+    def had_effect(self, state: str, next_state: str) -> bool:
+        return len(next_state) % 2 == 1
+
+
+def test_the_no_effect_penalty_lowers_exactly_the_flagged_valid_turns(micro_dir: Path) -> None:
+    """``TextEnv.step`` flags a valid, non-final step its env says changed nothing (``info["no_effect"]``); the
+    rollout subtracts ``no_effect_penalty`` from that turn's reward, beside the invalid-action penalty, and GRPO's
+    ``step`` mode charges it to the turn's own advantage as it does the invalid-action penalty."""
+    from dreamgym.rl.batch import grpo_advantages
+
+    pool = LocalEnvPool(lambda: StillShop(**SHOP), num_envs=4)
+    policy = LLMPolicy(HFLLM.from_pretrained(micro_dir),
+                       PolicyConfig(max_new_tokens=40, action_format="index", sampling="admissible"))
+    episodes = collect_rollouts(pool, policy, pool.tasks("train")[:3], group_size=2, max_steps=4, seed=0,
+                                invalid_action_penalty=0.25, no_effect_penalty=0.05)
+    turns = [t for e in episodes for t in e.turns]
+    for t in turns:
+        flagged = not t.terminated and not t.invalid and len(t.next_state) % 2 == 0
+        assert t.no_effect == flagged
+        assert t.reward == pytest.approx(t.env_reward - 0.25 * t.invalid - 0.05 * t.no_effect)
+    assert 0 < sum(t.no_effect for t in turns) < len(turns)
+    rows = turn_rows(episodes)
+    grpo_advantages(episodes, rows, normalize_std=False, invalid_penalty_mode="step")
+    k = 0
+    for e in episodes:  # less each turn's own penalties, every turn of an episode has the episode's advantage
+        advantages = [rows[k + i].advantage + 0.25 * t.invalid + 0.05 * t.no_effect for i, t in enumerate(e.turns)]
+        assert max(advantages) - min(advantages) < 1e-9, advantages
+        k += len(e.turns)
+    assert k == len(rows)

@@ -246,6 +246,38 @@ def test_hasty_policy_prepares_too_soon_and_the_game_refuses(cache_dir: Path) ->
     env.close()
 
 
+def test_a_prepare_the_game_refuses_is_a_step_without_effect_in_the_game_and_in_the_dream(cache_dir: Path) -> None:
+    """``info["no_effect"]``: the real game's refused ``prepare meal`` changes nothing but the feedback line, and
+    is flagged; every take, open and move the hasty policy makes changes the page and is not. The dream env reads
+    a dreamt page with its real env's rule (``TextEnv.had_effect``)."""
+    from dreamgym.experience.dream import DreamEnv
+
+    env = make("textworld", **TWO_INGREDIENTS, cache_dir=str(cache_dir / "probe"))
+    policy = env.scripted_policy("hasty", seed=0, noise=0.0, early=1.0, swap=0.0)
+    steps = []
+    for task in env.tasks("train") + env.tasks("val"):
+        obs, info = env.reset(options={"task": task})
+        policy.reset(env, task)
+        done = False
+        while not done:
+            action = policy.act(obs, info)
+            next_obs, _, terminated, truncated, info = env.step(action)
+            steps.append((action, obs, next_obs, terminated, info["no_effect"]))
+            obs, done = next_obs, terminated or truncated
+    refused = [s for s in steps if s[0] == "prepare meal" and "still miss something" in s[2].lower()]
+    assert refused and all(s[4] for s in refused)
+    changing = [s for s in steps if s[0].startswith(("take ", "open ", "go "))]
+    assert changing and not any(s[4] for s in changing)
+    assert not any(s[4] for s in steps if s[3])  # a final step is never flagged
+    action, state, next_state, _, _ = refused[0]
+    assert env.had_effect(state, next_state) is False
+    made = next_state + "\n[i9] carrying: a meal"  # a dreamt page where the meal was made anyway
+    dream = DreamEnv(model=None, tasks={}, initial_state=lambda t: state, grammar=env)  # type: ignore[arg-type]
+    assert dream.had_effect(state, next_state) is False and dream.had_effect(state, made) is True
+    assert DreamEnv(model=None, tasks={}, initial_state=lambda t: state).had_effect(state, next_state) is None  # type: ignore[arg-type]
+    env.close()
+
+
 def test_invalid_command_keeps_state_and_abstract_state_grammar(env: TextWorldEnv) -> None:
     obs, info = env.reset(options={"task": env.tasks("train")[0]})
     assert obs.startswith("location: ") and "[f] feedback: " in obs and "$$" not in obs

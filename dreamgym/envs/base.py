@@ -5,8 +5,9 @@ Gymnasium semantics with text observations and text actions:
 * ``reset(seed=None, options={"task": Task | task_id | None, "split": "train"|"val"|"test"}) -> (obs, info)``
 * ``step(action: str) -> (obs, reward, terminated, truncated, info)``
 
-``info`` always carries ``admissible_actions`` (list[str]), ``success`` (bool), ``invalid_action`` (bool)
-and ``task`` (the :class:`~dreamgym.types.Task` being played). Observations are *abstract states*: one
+``info`` always carries ``admissible_actions`` (list[str]), ``success`` (bool), ``invalid_action`` (bool),
+``no_effect`` (bool: a valid step that changed nothing but its feedback, where the env can tell; see
+:meth:`TextEnv.had_effect`) and ``task`` (the :class:`~dreamgym.types.Task` being played). Observations are *abstract states*: one
 actionable element per line, ``[id] type: text`` (see :func:`format_elements`), optionally preceded by a
 short header line. An invalid or malformed action never raises: the state stays, the reward is 0 and
 ``info["invalid_action"]`` is True.
@@ -164,7 +165,10 @@ class TextEnv(gym.Env[str, str]):
         if self.task is None and not self._last_info:
             raise RuntimeError("step() called before reset()")
         self.steps += 1
+        state = self._last_obs
         obs, reward, terminated, info = self._step(str(action))
+        if "no_effect" not in info and not terminated and not info.get("invalid_action"):
+            info["no_effect"] = self.had_effect(state, obs) is False
         info = self._fill_info(info)
         truncated = (not terminated) and self.steps >= self.max_steps
         self._last_obs, self._last_info = obs, info
@@ -199,6 +203,7 @@ class TextEnv(gym.Env[str, str]):
         info.setdefault("admissible_actions", [])
         info.setdefault("success", False)
         info.setdefault("invalid_action", False)
+        info.setdefault("no_effect", False)
         info.setdefault("task", self.task)
         info.setdefault("steps", self.steps)
         return info
@@ -216,6 +221,14 @@ class TextEnv(gym.Env[str, str]):
         """Whether ``action`` is valid in ``state`` (None: cannot tell). Default: it is admissible."""
         actions = self.admissible_for_state(state)
         return None if actions is None else action.strip().lower() in {a.lower() for a in actions}
+
+    def had_effect(self, state: str, next_state: str) -> bool | None:
+        """Whether a valid step from ``state`` to ``next_state`` changed the world, read from the two abstract
+        states (None: this env cannot tell). :meth:`step` reports a False as ``info["no_effect"]``, which RL may
+        penalise (``RLConfig.no_effect_penalty``): a command the env accepts and then refuses, like TextWorld's
+        ``prepare meal`` with an ingredient missing, is valid, so the invalid-action penalty never sees it. The
+        dream env asks its real env, as it does for admissible actions."""
+        return None
 
     # -- scripted policies ------------------------------------------------------------------------
     def scripted_policy(self, name: str, seed: int = 0, **kwargs: Any) -> ScriptedPolicy:

@@ -13,7 +13,7 @@ from typing import Any
 from dreamgym.envs.base import TextEnv
 from dreamgym.types import Task
 
-REQUIRED_INFO = ("admissible_actions", "success", "invalid_action", "task")
+REQUIRED_INFO = ("admissible_actions", "success", "invalid_action", "no_effect", "task")
 BAD_ACTIONS = ("", "definitely not an action", "click[", "search]", "click[\x00]", "x" * 5000)
 
 

@@ -124,6 +124,9 @@ class LatencyEnv(TextEnv):
     def action_valid_for_state(self, state: str, action: str) -> bool | None:
         return self.env.action_valid_for_state(state, action)
 
+    def had_effect(self, state: str, next_state: str) -> bool | None:
+        return self.env.had_effect(state, next_state)
+
     def scripted_policy(self, name: str, seed: int = 0, **kwargs: Any) -> ScriptedPolicy:
         return self.env.scripted_policy(name, seed=seed, **kwargs)
 

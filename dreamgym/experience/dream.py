@@ -138,6 +138,10 @@ class DreamEnv(TextEnv):
         self._record(state, action, prediction.next_state, prediction.reward, done, info)
         return prediction.next_state, prediction.reward, done, info
 
+    def had_effect(self, state: str, next_state: str) -> bool | None:
+        """The real env's reading of a dreamt step (None without a grammar)."""
+        return None if self.grammar is None else self.grammar.had_effect(state, next_state)
+
     # -- helpers ------------------------------------------------------------------------------------
     def _admissible(self, state: str) -> list[str]:
         if self.grammar is None:

@@ -86,7 +86,8 @@ def grpo_advantages(
     with the step group's mean (normalised like the episode term). A state reached once has no baseline and adds 0.
     Returns the step groups' statistics for the run's metrics (empty without ``step_weight``).
 
-    Where the invalid-action penalty goes (``invalid_penalty_mode``):
+    Where the invalid-action penalty goes (``invalid_penalty_mode``; the no-effect penalty,
+    ``RLConfig.no_effect_penalty``, goes the same way):
 
     * ``"episode"`` (the default): the return is the shaped one (env rewards plus the penalties), so an invalid
       turn lowers the advantage of every turn of its episode;

@@ -35,6 +35,11 @@ class RLConfig(BaseModel):
     max_steps: int = Field(default=15, ge=1)
     temperature: float = Field(default=1.0, gt=0, description="sampling temperature (log-probs use it too)")
     invalid_action_penalty: float = Field(default=0.1, ge=0)
+    no_effect_penalty: float = Field(
+        default=0.0, ge=0, description="subtracted from the reward of a valid step the env (or, in the dream, the "
+        "real env reading the dreamt page) says changed nothing but its feedback (info['no_effect'], "
+        "TextEnv.had_effect): a command the game accepts and refuses, e.g. TextWorld's 'prepare meal' with an "
+        "ingredient missing; it goes where invalid_penalty_mode puts the invalid-action penalty")
     reward: Literal["env", "success"] = Field(
         default="env", description="what RL optimises: 'env' = the env's reward (the shop's graded WebShop score "
         "at purchase); 'success' = the paper's outcome reward, 1 on the final step of a successful episode, else 0 "

@@ -11,7 +11,8 @@ What a turn keeps, for RL (token-in/token-out: nothing is re-tokenised between a
   actions) exactly as the policy saw it. It is context: never trained on.
 * ``response_ids`` and their behaviour ``logprobs``: the policy's own tokens, the only trained ones
   (loss mask = 1 on exactly these).
-* ``reward``: the env reward minus the invalid-action penalty when the env flagged the action invalid
+* ``reward``: the env reward minus the invalid-action penalty when the env flagged the action invalid, and
+  minus ``no_effect_penalty`` when it flagged a valid action that changed nothing (``info["no_effect"]``)
   (``env_reward`` keeps the env's own number; trajectories written to files carry that one). With
   ``RLConfig.reward="success"`` the trainer swaps the env reward for the outcome (:meth:`Episode.use_outcome_reward`).
 
@@ -59,7 +60,7 @@ class Turn:
     parsed: bool
     next_state: str
     env_reward: float
-    reward: float  # env_reward (or the outcome, Episode.use_outcome_reward) − the penalty on invalid steps: what RL optimises
+    reward: float  # env_reward (or the outcome, Episode.use_outcome_reward) − the step's penalties: what RL optimises
     terminated: bool
     truncated: bool  # by the env or by the rollout's max_steps
     info: dict[str, Any]  # the env's info essentials after the step (its admissible actions dropped)
@@ -73,6 +74,10 @@ class Turn:
     @property
     def invalid(self) -> bool:
         return bool(self.info.get("invalid_action"))
+
+    @property
+    def no_effect(self) -> bool:
+        return bool(self.info.get("no_effect"))
 
 
 @dataclass
@@ -97,7 +102,7 @@ class Episode:
 
     @property
     def shaped_return(self) -> float:
-        """The return RL optimises: env rewards plus invalid-action penalties."""
+        """The return RL optimises: env rewards minus the steps' penalties (invalid action, no effect)."""
         return float(sum(t.reward for t in self.turns))
 
     @property
@@ -177,12 +182,14 @@ def collect_rollouts(
     seed: int = 0,
     split: str = "train",
     invalid_action_penalty: float | None = None,
+    no_effect_penalty: float = 0.0,
     stats: RolloutStats | None = None,
     on_env_steps: Callable[[int], None] | None = None,
 ) -> list[Episode]:
     """Play ``group_size`` episodes of every task; returns them task-major (task 0's G episodes first).
 
-    ``invalid_action_penalty`` defaults to the policy's configured one. ``on_env_steps(n)`` is called before
+    ``invalid_action_penalty`` defaults to the policy's configured one; ``no_effect_penalty`` is subtracted from
+    the reward of a valid step the env says changed nothing (``info["no_effect"]``). ``on_env_steps(n)`` is called before
     every batched env step with the number of ``env.step`` calls it will make (the trainer journals real ones).
     """
     if group_size < 1 or max_steps < 1:
@@ -244,7 +251,8 @@ def collect_rollouts(
                     parsed=step.parsed,
                     next_state=result.obs,
                     env_reward=result.reward,
-                    reward=result.reward - (penalty if invalid else 0.0),
+                    reward=(result.reward - (penalty if invalid else 0.0)
+                            - (no_effect_penalty if result.info.get("no_effect") else 0.0)),
                     terminated=result.terminated,
                     truncated=truncated,
                     info={k: v for k, v in result.info.items() if k != "admissible_actions"},
@@ -270,10 +278,11 @@ def count_env_steps(episodes: Sequence[Episode]) -> int:
     return sum(e.env_steps for e in episodes)
 
 
-def episode_stats(episodes: Sequence[Episode]) -> list[tuple[float, float, bool, int, int]]:
+def episode_stats(episodes: Sequence[Episode]) -> list[tuple[float, float, bool, int, int, int]]:
     """What the trainer's metrics need of each episode (gathered from every rank): env return, shaped return,
-    success, env steps, invalid turns."""
-    return [(e.env_return, e.shaped_return, e.success, e.env_steps, sum(t.invalid for t in e.turns)) for e in episodes]
+    success, env steps, invalid turns, turns without effect."""
+    return [(e.env_return, e.shaped_return, e.success, e.env_steps, sum(t.invalid for t in e.turns),
+             sum(t.no_effect for t in e.turns)) for e in episodes]
 
 
 __all__ = ["Episode", "RolloutStats", "Turn", "collect_rollouts", "count_env_steps", "episode_stats"]

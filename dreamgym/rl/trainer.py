@@ -156,6 +156,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
             pool.on_iteration_start(it)  # the dream tags the synthetic transitions it writes to the replay buffer
             episodes = collect_rollouts(pool, sync.actor, tasks[lo:hi], cfg.group_size, cfg.max_steps, greedy=False,
                                         seed=int(rng.integers(MAX_SEED)) + lo, split=cfg.train_split, stats=stats,
+                                        no_effect_penalty=cfg.no_effect_penalty,
                                         on_env_steps=journal.add if pool.source == "real" else None)
             rollout_s = time.perf_counter() - t0
             if cfg.reward == "success":
@@ -164,7 +165,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
             sync.check(episodes, it)  # the stale-policy guard: no turn generated under older weights than pushed
             ranks = dist.gather((episode_stats(episodes), stats.env_s,
                                  _group_variances(cfg, episodes, tasks[lo:hi], pool, it, generator is not None)))
-            done = [e for r in ranks for e in r[0]]  # every rank's episodes: (return, shaped, success, steps, invalid)
+            done = [e for r in ranks for e in r[0]]  # every rank's episodes: (return, shaped, success, steps, invalid, no effect)
             state.count_rollouts(sum(e[3] for e in done), len(done), pool.source, max(r[1] for r in ranks),
                                  cfg.real_latency_s)  # env steps and episodes summed over ranks
             # the curriculum: reward variance per group, then variations of the high-variance tasks join the set
@@ -206,6 +207,7 @@ def train(cfg: RLConfig, run_dir: str | Path, resume: bool = False, console: Con
                 "reward": float(np.mean([e[0] for e in done])), "shaped_return": float(np.mean([e[1] for e in done])),
                 "success": float(np.mean([e[2] for e in done])), "episode_steps": float(np.mean([e[3] for e in done])),
                 "invalid_rate": sum(e[4] for e in done) / max(sum(e[3] for e in done), 1),
+                "no_effect_rate": sum(e[5] for e in done) / max(sum(e[3] for e in done), 1),
                 "synthetic_transitions": state.synthetic_transitions, "tasks": len(taskset),
                 "tokens_per_s": stats.generated_tokens / max(stats.generation_s, 1e-9),
                 "generation_s": stats.generation_s, "env_s": stats.env_s,

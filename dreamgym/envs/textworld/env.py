@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dreamgym.envs.base import TextEnv
+from dreamgym.envs.explain_diff import ParsedState
 from dreamgym.envs.textworld.games import (
     DEFAULT_CHALLENGE,
     GameSpec,
@@ -191,6 +192,16 @@ class TextWorldEnv(TextEnv):
     # -- action grammar of abstract states (for the dream env) ------------------------------------
     def admissible_for_state(self, state: str) -> list[str]:
         return commands_in_state(state)
+
+    def had_effect(self, state: str, next_state: str) -> bool:
+        """Anything but the feedback line changed: the room, what is carried or the commands offered. A refused
+        ``prepare meal`` ("You still miss something.") changes none of them, nor does an ``examine``."""
+
+        def world(page: str) -> tuple[tuple[str, str], dict[str, list[str]]]:
+            parsed = ParsedState.parse(page)
+            return parsed.header, {k: v for k, v in parsed.elements.items() if k != "feedback"}
+
+        return world(state) != world(next_state)
 
     # -- shutdown ----------------------------------------------------------------------------
     def _close_game(self) -> None:
