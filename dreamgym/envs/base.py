@@ -7,9 +7,9 @@ Gymnasium semantics with text observations and text actions:
 
 ``info`` always carries ``admissible_actions`` (list[str]), ``success`` (bool), ``invalid_action`` (bool),
 ``no_effect`` (bool: a valid step that changed nothing but its feedback, where the env can tell; see
-:meth:`TextEnv.had_effect`) and ``task`` (the :class:`~dreamgym.types.Task` being played). Observations are *abstract states*: one
-actionable element per line, ``[id] type: text`` (see :func:`format_elements`), optionally preceded by a
-short header line. An invalid or malformed action never raises: the state stays, the reward is 0 and
+:meth:`TextEnv.had_effect`) and ``task`` (the :class:`~dreamgym.types.Task` being played). Observations are
+*abstract states*: one actionable element per line, ``[id] type: text`` (see :func:`format_elements`),
+optionally preceded by a short header line. An invalid or malformed action never raises: the state stays, the reward is 0 and
 ``info["invalid_action"]`` is True.
 """
 

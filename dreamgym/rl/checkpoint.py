@@ -238,8 +238,8 @@ def progress_line(m: dict[str, Any]) -> str:
     kl = f"kl {m['kl']:.4f}" if "kl" in m else f"kl(old) {m['approx_kl']:.4f}"  # to the reference, else to π_old
     line = (
         f"iter {m['iteration']:>4} | reward {m['reward']:.3f} | success {m['success']:.2f} | invalid "
-        f"{m['invalid_rate']:.2f} | no effect {m.get('no_effect_rate', 0.0):.2f} | {kl} | entropy {m['entropy']:.3f} | tok/s {m['tokens_per_s']:.0f} | "
-        f"real {m['real_transitions']} | gen {m['generation_s']:.1f}s env {m['env_s']:.1f}s update {m['update_s']:.1f}s"
+        f"{m['invalid_rate']:.2f} | no effect {m.get('no_effect_rate', 0.0):.2f} | {kl} | entropy {m['entropy']:.3f} | "
+        f"tok/s {m['tokens_per_s']:.0f} | real {m['real_transitions']} | gen {m['generation_s']:.1f}s env {m['env_s']:.1f}s update {m['update_s']:.1f}s"
     )
     if "sync_s" in m:
         line += f" sync {m['sync_s']:.1f}s (weights v{m['weight_version']})"

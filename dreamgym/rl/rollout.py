@@ -189,8 +189,9 @@ def collect_rollouts(
     """Play ``group_size`` episodes of every task; returns them task-major (task 0's G episodes first).
 
     ``invalid_action_penalty`` defaults to the policy's configured one; ``no_effect_penalty`` is subtracted from
-    the reward of a valid step the env says changed nothing (``info["no_effect"]``). ``on_env_steps(n)`` is called before
-    every batched env step with the number of ``env.step`` calls it will make (the trainer journals real ones).
+    the reward of a valid step the env says changed nothing (``info["no_effect"]``). ``on_env_steps(n)`` is called
+    before every batched env step with the number of ``env.step`` calls it will make (the trainer journals real
+    ones).
     """
     if group_size < 1 or max_steps < 1:
         raise ValueError(f"group_size and max_steps must be >= 1, got {group_size} and {max_steps}")
