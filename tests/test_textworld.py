@@ -269,7 +269,7 @@ def test_a_prepare_the_game_refuses_is_a_step_without_effect_in_the_game_and_in_
     changing = [s for s in steps if s[0].startswith(("take ", "open ", "go "))]
     assert changing and not any(s[4] for s in changing)
     assert not any(s[4] for s in steps if s[3])  # a final step is never flagged
-    action, state, next_state, _, _ = refused[0]
+    _, state, next_state, _, _ = refused[0]
     assert env.had_effect(state, next_state) is False
     made = next_state + "\n[i9] carrying: a meal"  # a dreamt page where the meal was made anyway
     dream = DreamEnv(model=None, tasks={}, initial_state=lambda t: state, grammar=env)  # type: ignore[arg-type]
