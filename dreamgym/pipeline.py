@@ -457,6 +457,24 @@ def _stage(name: str, marker: Path, run: Callable[[], Any], key: dict[str, Any],
     return result
 
 
+def copy_dream_buffer(buffer: Path, dream_buffer: Path, run_dir: Path) -> bool:
+    """Copy M_exp's ``buffer`` to ``dream_buffer``, where the dream row in ``run_dir`` adds its rollouts, unless the
+    row resumes from a checkpoint (which hides the rows written after it). A copy left by an attempt killed before
+    its first checkpoint holds that attempt's synthetic rows, which retrieval would read: it is replaced, and the
+    console says so. Returns whether it copied."""
+    if dream_buffer.exists():
+        if (run_dir / "checkpoint").exists() or (run_dir / "checkpoint.old").exists():
+            return False
+        console.print(f"[yellow]{dream_buffer}: left by an attempt killed before its first checkpoint; copied afresh "
+                      f"from {buffer}[/yellow]")
+        _remove(dream_buffer)
+    partial = dream_buffer.with_name(dream_buffer.name + ".partial")
+    _remove(partial)
+    shutil.copytree(buffer, partial)
+    os.replace(partial, dream_buffer)
+    return True
+
+
 def collect_episodes(cfg: DemoConfig, path: Path, episodes: int, split: str, seed: int,
                      noise: float | None = None, behaviour: Behaviour | None = None) -> dict[str, Any]:
     """Append episodes of ``split`` to ``path`` until it holds ``episodes``, by ``behaviour``'s policy, else by
@@ -696,11 +714,8 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
         """GRPO (or ``extra``'s algo) in the dream of M_exp ``experience_model{exp}`` into ``out/row``."""
         model_dir, buffer = out / f"experience_model{exp}", out / f"buffer{exp}"
         dream_buffer = out / ("dream_buffer" if row == "dreamgym" else f"dream_buffer_{row.removeprefix('dreamgym_')}")
-        if buffer.is_dir() and not dream_buffer.exists():
-            partial = dream_buffer.with_name(dream_buffer.name + ".partial")
-            _remove(partial)
-            shutil.copytree(buffer, partial)
-            os.replace(partial, dream_buffer)
+        if buffer.is_dir():
+            copy_dream_buffer(buffer, dream_buffer, out / row)
         return rl_stage(ROWS[row], out / row, dream_overrides(cfg, sft_dir, model_dir, dream_buffer, offline,
                                                              curriculum_over, **(extra or {})))
 

@@ -420,6 +420,26 @@ def test_micro_bench_two_seeds_end_to_end_and_resumes(tmp_path: Path) -> None:
     assert json.loads((out / "bench.json").read_text())["rows"] == data["rows"]
 
 
+def test_a_dream_row_restarted_without_a_checkpoint_starts_from_a_fresh_copy_of_the_buffer(tmp_path: Path) -> None:
+    """The dream row adds its rollouts to a copy of M_exp's buffer. An attempt killed before its first checkpoint
+    leaves its synthetic rows in that copy; the restart, which begins at iteration 0, must not retrieve them. A
+    row that resumes from a checkpoint keeps its copy (the checkpoint hides what was written after it)."""
+    from dreamgym.pipeline import copy_dream_buffer
+
+    buffer, dream, run = tmp_path / "buffer", tmp_path / "dream_buffer", tmp_path / "dreamgym"
+    buffer.mkdir()
+    (buffer / "records.jsonl").write_text("offline\n")
+    assert copy_dream_buffer(buffer, dream, run) and (dream / "records.jsonl").read_text() == "offline\n"
+    (dream / "records.jsonl").write_text("offline\nsynthetic of a killed attempt\n")
+    run.mkdir()
+    assert copy_dream_buffer(buffer, dream, run) and (dream / "records.jsonl").read_text() == "offline\n"
+    (dream / "records.jsonl").write_text("offline\nsynthetic before the checkpoint\n")
+    (run / "checkpoint").mkdir()
+    assert not copy_dream_buffer(buffer, dream, run)
+    assert (dream / "records.jsonl").read_text() == "offline\nsynthetic before the checkpoint\n"
+    assert not list(tmp_path.glob("*.partial"))
+
+
 def test_refit_reward_head_adds_a_head_only_to_a_copy(tmp_path: Path) -> None:
     """benchmarks/refit_reward_head.py --add marks a config as having a reward head, so it must never rewrite the
     run's own: without --copy-to it is a one-line error (exit 2), as is a seed dir without a trained M_exp."""

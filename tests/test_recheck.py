@@ -123,4 +123,4 @@ def test_the_experience_model_serves_checked_verdicts_only_when_asked() -> None:
     assert checked.predict([query])[0].reward == 0.75
     assert checked.stats_dict() | {"checked_verdicts": 1, "recomputed_verdicts": 1} == checked.stats_dict()
     with pytest.raises(ValueError, match="trace_checker"):
-        ExperienceModel(OneAnswerLLM(), ExperienceConfig(env="textworld", protocol={"checked_verdicts": True}))  # type: ignore[arg-type]
+        ExperienceModel(OneAnswerLLM(), ExperienceConfig(env="scienceworld", protocol={"checked_verdicts": True}))  # type: ignore[arg-type]

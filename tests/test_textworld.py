@@ -24,7 +24,7 @@ from dreamgym.envs.textworld.state import clean_text, inventory_items, shown_com
 from dreamgym.experience.annotate import apply_annotation
 from dreamgym.experience.protocol import ProtocolConfig
 from dreamgym.experience.train import check_premises, exp_pairs
-from dreamgym.types import DataError, Task
+from dreamgym.types import DataError, ExperiencePrediction, Task
 
 
 @pytest.fixture(scope="module")
@@ -275,6 +275,48 @@ def test_a_prepare_the_game_refuses_is_a_step_without_effect_in_the_game_and_in_
     dream = DreamEnv(model=None, tasks={}, initial_state=lambda t: state, grammar=env)  # type: ignore[arg-type]
     assert dream.had_effect(state, next_state) is False and dream.had_effect(state, made) is True
     assert DreamEnv(model=None, tasks={}, initial_state=lambda t: state).had_effect(state, next_state) is None  # type: ignore[arg-type]
+    env.close()
+
+
+def test_checked_verdicts_refuse_a_dreamt_meal_that_the_recipe_trace_finds_short(cache_dir: Path) -> None:
+    """TextWorld's trace checker (``checked_verdicts``): a ``prepare meal`` whose recipe trace leaves an ingredient
+    missing gets the real game's page (the refusal, reward 0, not done), even when the model wrote a meal; the
+    annotator's own traces and pages, refused or made, come back unchanged or unread; other actions are not read."""
+    from dreamgym.envs import spec
+    from dreamgym.envs.textworld.recheck import REFUSAL, recheck_meal, refusal_page
+
+    assert spec("textworld").load("trace_checker") is recheck_meal
+    env = make("textworld", **TWO_INGREDIENTS, cache_dir=str(cache_dir / "probe"))
+    policy = env.scripted_policy("hasty", seed=0, noise=0.0, early=1.0, swap=1.0)
+    refused = made = 0
+    for task in env.tasks("train") + env.tasks("val"):
+        traj = run_episode(env, policy, task=task, seed=0)
+        for x, trace in zip(traj.transitions, explain_trajectory(traj, recipe=True).reasoning, strict=True):
+            real = ExperiencePrediction(trace, x.next_state, x.reward, x.done, traj.success and x.done)
+            checked = recheck_meal(x.state, x.action, real)
+            if x.action != "prepare meal" or "none missing" in trace:
+                assert checked is None, trace
+                made += x.action == "prepare meal"
+                continue
+            refused += 1
+            assert checked == real and x.next_state == refusal_page(x.state)  # the game's own page
+            # the model copied the trace's opening, then wrote the meal, a reward and the end anyway
+            score = trace.rpartition("; score ")[2].partition(";")[0]
+            dreamt = ExperiencePrediction(trace.partition("; location")[0] + "; location Kitchen; carrying +a meal; "
+                                          f"score {score} -> 1.00; reward 1", x.state + "\n[i9] carrying: a meal",
+                                          1.0, True, True)
+            assert recheck_meal(x.state, x.action, dreamt) == real
+    assert refused and made
+    page = "location: Kitchen\n[i1] carrying: a red apple\n[c1] command: prepare meal"
+    assert refusal_page(page).splitlines()[:2] == ["location: Kitchen", f"[f] feedback: {REFUSAL}"]
+    # the verdict follows the clauses the trace wrote: nothing missing there, nothing to check
+    short = "\"prepare meal\" listed: valid; recipe: red apple, salt; carried: red apple"
+    assert recheck_meal(page, "prepare meal", ExperiencePrediction(short + ", salt; none missing; reward 0",
+                                                                    page, 0.0, False, False)) is None
+    fixed = recheck_meal(page, "prepare meal", ExperiencePrediction(short + "; none missing; reward 1", page, 1.0,
+                                                                    True, True))
+    assert fixed is not None and fixed.reasoning == short + "; missing salt; location Kitchen; reward 0"
+    assert recheck_meal(page, "prepare meal", ExperiencePrediction("it works; reward 1", page, 1.0, True, True)) is None
     env.close()
 
 

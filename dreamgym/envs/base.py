@@ -300,7 +300,9 @@ class EnvSpec:
       no step is one, and every step is cloned once.
     * ``trace_checker``: ``(state, action, ExperiencePrediction) -> ExperiencePrediction | None``, the dreamt
       prediction with the verdicts of its reasoning trace recomputed from the text the trace compares (the shop:
-      a purchase's checks, score and reward; :mod:`dreamgym.envs.shop.recheck`), None where it checks nothing.
+      a purchase's checks, score and reward; :mod:`dreamgym.envs.shop.recheck`; TextWorld: a ``prepare meal`` whose
+      trace leaves an ingredient missing is refused; :mod:`dreamgym.envs.textworld.recheck`), None where it checks
+      nothing.
       Used by M_exp with ``ProtocolConfig.checked_verdicts``. Without it the model's verdicts stand.
     * ``trace_premise``: ``(instruction, state, action) -> str | None``, the start of a step's reasoning trace that
       the env's ``explainer`` computes from the query alone (TextWorld: which recipe ingredients are carried and

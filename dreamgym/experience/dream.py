@@ -282,6 +282,10 @@ class DreamConfig(BaseModel):
     computed_premises: bool | None = Field(default=None, description="override experience.json: the env writes the "
                                            "start of each trace it can compute from the query, the model the rest "
                                            "(ProtocolConfig.computed_premises; its traces must start that way)")
+    checked_verdicts: bool | None = Field(default=None, description="override experience.json: the env recomputes "
+                                          "the verdicts that follow from what each trace compares (the shop: a "
+                                          "purchase's checks; TextWorld: a meal with an ingredient missing is "
+                                          "refused; ProtocolConfig.checked_verdicts)")
     recall: bool = Field(default=False, description="a step the offline data recorded (the same task, state and "
                          "action) is answered as the real env answered it, not generated: the memory of its "
                          "training data that an LLM M_exp has and the 1.3M one lacks (dreamgym.experience.recall); "
@@ -313,8 +317,10 @@ def load_dream(cfg: DreamConfig, env: str, env_kwargs: dict[str, Any], read_only
     overrides: dict[str, Any] = {k: v for k, v in (("max_new_tokens", cfg.max_new_tokens),
                                                    ("temperature", cfg.temperature),
                                                    ("unique_elements", cfg.unique_elements)) if v is not None}
-    if cfg.computed_premises is not None:
-        exp_cfg = exp_cfg.with_protocol(computed_premises=cfg.computed_premises)
+    protocol = {k: v for k, v in (("computed_premises", cfg.computed_premises),
+                                  ("checked_verdicts", cfg.checked_verdicts)) if v is not None}
+    if protocol:
+        exp_cfg = exp_cfg.with_protocol(**protocol)
     model = ExperienceModel.load(cfg.experience_model, buffer=buffer, cfg=exp_cfg.model_copy(update=overrides),
                                  device=cfg.device)
     model.recall = Recall.of(offline) if cfg.recall else None
