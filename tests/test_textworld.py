@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -283,17 +284,25 @@ def test_checked_verdicts_refuse_a_dreamt_meal_that_the_recipe_trace_finds_short
     missing gets the real game's page (the refusal, reward 0, not done), even when the model wrote a meal; the
     annotator's own traces and pages, refused or made, come back unchanged or unread; other actions are not read."""
     from dreamgym.envs import spec
-    from dreamgym.envs.textworld.recheck import REFUSAL, recheck_meal, refusal_page
+    from dreamgym.envs.textworld.recheck import (
+        REFUSAL,
+        UNREACHABLE_WIN,
+        recheck_meal,
+        recheck_step,
+        refusal_page,
+    )
 
-    assert spec("textworld").load("trace_checker") is recheck_meal
+    assert spec("textworld").load("trace_checker") is recheck_step
     env = make("textworld", **TWO_INGREDIENTS, cache_dir=str(cache_dir / "probe"))
     policy = env.scripted_policy("hasty", seed=0, noise=0.0, early=1.0, swap=1.0)
-    refused = made = 0
+    refused = made = won = 0
     for task in env.tasks("train") + env.tasks("val"):
         traj = run_episode(env, policy, task=task, seed=0)
         for x, trace in zip(traj.transitions, explain_trajectory(traj, recipe=True).reasoning, strict=True):
             real = ExperiencePrediction(trace, x.next_state, x.reward, x.done, traj.success and x.done)
             checked = recheck_meal(x.state, x.action, real)
+            assert recheck_step(x.state, x.action, real) == checked  # the real game's wins pass the checker too
+            won += x.done and x.reward > 0
             if x.action != "prepare meal" or "none missing" in trace:
                 assert checked is None, trace
                 made += x.action == "prepare meal"
@@ -306,8 +315,17 @@ def test_checked_verdicts_refuse_a_dreamt_meal_that_the_recipe_trace_finds_short
                                           f"score {score} -> 1.00; reward 1", x.state + "\n[i9] carrying: a meal",
                                           1.0, True, True)
             assert recheck_meal(x.state, x.action, dreamt) == real
-    assert refused and made
+    assert refused and made and won == len(env.tasks("train") + env.tasks("val"))
+    # a dreamt win anywhere else is rejected: an open answered with the game's ending, a meal eaten without one
+    end = "location: Kitchen\n[f] feedback: You eat the meal. Not bad. *** The End ***"
+    win = ExperiencePrediction("\"open oven\" listed: valid; location Kitchen; score 0.75 -> 1.00; done, reward 1.00",
+                               end, 1.0, True, True)
     page = "location: Kitchen\n[i1] carrying: a red apple\n[c1] command: prepare meal"
+    assert recheck_step(page, "open oven", win) == dataclasses.replace(win, failure=UNREACHABLE_WIN)
+    assert recheck_step(page, "eat meal", win) == dataclasses.replace(win, failure=UNREACHABLE_WIN)
+    assert recheck_step(page + "\n[i2] carrying: a meal", "eat meal", win) is None
+    lost = dataclasses.replace(win, reward=0.0, success=False)
+    assert recheck_step(page, "eat red apple", lost) is None  # a loss stands
     assert refusal_page(page).splitlines()[:2] == ["location: Kitchen", f"[f] feedback: {REFUSAL}"]
     # the verdict follows the clauses the trace wrote: nothing missing there, nothing to check
     short = "\"prepare meal\" listed: valid; recipe: red apple, salt; carried: red apple"
@@ -318,6 +336,42 @@ def test_checked_verdicts_refuse_a_dreamt_meal_that_the_recipe_trace_finds_short
     assert fixed is not None and fixed.reasoning == short + "; missing salt; location Kitchen; reward 0"
     assert recheck_meal(page, "prepare meal", ExperiencePrediction("it works; reward 1", page, 1.0, True, True)) is None
     env.close()
+
+
+def test_the_experience_model_resamples_a_win_the_checker_rejects_then_serves_the_failure_state() -> None:
+    """With ``checked_verdicts`` a TextWorld M_exp that answers ``open oven`` with the game's ending is resampled,
+    and, still winning after its resamples, serves the failure state (the page unchanged, reward 0, not done),
+    counted; without the option the false win is served."""
+    from dreamgym.experience.model import ExperienceConfig, ExperienceModel
+    from dreamgym.experience.protocol import ExperienceQuery, format_target
+    from dreamgym.llm.base import Completion, Prompt, SamplingParams
+
+    page = "location: Kitchen\n[f] feedback: You open the fridge.\n[c1] command: open oven"
+    end = "location: Kitchen\n[f] feedback: You eat the meal. Not bad. *** The End ***"
+
+    class EndingLLM:
+        tokenizer = None
+        calls = 0
+
+        def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Completion]:
+            self.calls += 1
+            text = format_target(end, 1.0, True, True, "\"open oven\" listed: valid; done, reward 1.00",
+                                 ExperienceConfig().protocol_config())
+            return [Completion(text=text, token_ids=[], finish_reason="stop") for _ in prompts]
+
+        def generate_ids(self, prompt_ids: Sequence[list[int]], params: SamplingParams) -> list[Completion]:
+            raise NotImplementedError
+
+    query = ExperienceQuery("Eat the meal (ingredients: red apple).", [], [], page, "open oven")
+    plain = ExperienceModel(EndingLLM(), ExperienceConfig(env="textworld"))  # type: ignore[arg-type]
+    assert plain.predict([query])[0].reward == 1.0
+    llm = EndingLLM()
+    checked = ExperienceModel(llm, ExperienceConfig(env="textworld", protocol={"checked_verdicts": True}))  # type: ignore[arg-type]
+    served = checked.predict([query])[0]
+    assert (served.next_state, served.reward, served.done, served.failure) == (page, 0.0, False, "unreachable_win")
+    attempts = 1 + checked.cfg.max_resamples
+    assert llm.calls == attempts and checked.stats_dict()["rejected_by_checker"] == attempts
+    assert checked.stats_dict()["failures"] == {"unreachable_win": 1}
 
 
 def test_invalid_command_keeps_state_and_abstract_state_grammar(env: TextWorldEnv) -> None:

@@ -70,7 +70,7 @@ register(  # needs dreamgym[textworld]
     policies="dreamgym.envs.textworld.policies:make_policy",
     explainer="dreamgym.envs.textworld.explain:explain_trajectory",
     trace_premise="dreamgym.envs.textworld.explain:trace_premise",
-    trace_checker="dreamgym.envs.textworld.recheck:recheck_meal",
+    trace_checker="dreamgym.envs.textworld.recheck:recheck_step",
     decision_step="dreamgym.envs.textworld.state:take_step",
 )
 

@@ -301,8 +301,9 @@ class EnvSpec:
     * ``trace_checker``: ``(state, action, ExperiencePrediction) -> ExperiencePrediction | None``, the dreamt
       prediction with the verdicts of its reasoning trace recomputed from the text the trace compares (the shop:
       a purchase's checks, score and reward; :mod:`dreamgym.envs.shop.recheck`; TextWorld: a ``prepare meal`` whose
-      trace leaves an ingredient missing is refused; :mod:`dreamgym.envs.textworld.recheck`), None where it checks
-      nothing.
+      trace leaves an ingredient missing is refused, a win other than eating a carried meal rejected;
+      :mod:`dreamgym.envs.textworld.recheck`), None where it checks nothing. A prediction returned with ``failure``
+      set is rejected: M_exp resamples it, then serves the failure state.
       Used by M_exp with ``ProtocolConfig.checked_verdicts``. Without it the model's verdicts stand.
     * ``trace_premise``: ``(instruction, state, action) -> str | None``, the start of a step's reasoning trace that
       the env's ``explainer`` computes from the query alone (TextWorld: which recipe ingredients are carried and

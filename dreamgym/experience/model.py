@@ -153,6 +153,7 @@ class ExperienceModel:
         self.checker = self._trace_checker()
         self.checked = 0  # predictions whose trace the env's checker read (checked_verdicts)
         self.recomputed = 0  # ... of which the checker changed the reasoning, reward or next state
+        self.rejected = 0  # ... or rejected (a failure: resampled, then served as the failure state)
         self.premise = self._trace_premise()
         self.premised = 0  # generations started from the env's premise (computed_premises)
 
@@ -190,6 +191,7 @@ class ExperienceModel:
             return pred
         self.checked += 1
         self.recomputed += checked != pred
+        self.rejected += checked.failure is not None
         return checked
 
     def _head(self, queries: Sequence[ExperienceQuery], preds: list[ExperiencePrediction]) -> list[ExperiencePrediction]:
@@ -340,8 +342,13 @@ class ExperienceModel:
                     reasons[i] = "repeated_element"
                     still.append(i)
                 elif parsed.prediction is not None:
-                    results[i] = self._check(queries[i], parsed.prediction)
-                    self.stats.add(parsed)
+                    checked = self._check(queries[i], parsed.prediction)
+                    if checked.failure is not None:  # the env's checker rejects it (e.g. a win the query rules out)
+                        reasons[i] = checked.failure
+                        still.append(i)
+                    else:
+                        results[i] = checked
+                        self.stats.add(parsed)
                 else:
                     reasons[i] = parsed.reason or "empty"
                     still.append(i)
@@ -380,7 +387,8 @@ class ExperienceModel:
     def stats_dict(self) -> dict[str, Any]:
         out = {**self.stats.as_dict(), "resamples": self.resamples, "shortened_prompts": self.shortened_prompts}
         if self.checker is not None:
-            out |= {"checked_verdicts": self.checked, "recomputed_verdicts": self.recomputed}
+            out |= {"checked_verdicts": self.checked, "recomputed_verdicts": self.recomputed,
+                    "rejected_by_checker": self.rejected}
         if self.premise is not None:
             out |= {"premised": self.premised}
         if self.recall is not None:

@@ -17,11 +17,19 @@ text, which the model writes), and the checker reads nothing (None).
 
 Applied to the annotator's own refused prepares it returns the real page (tested on collected games), so a model that
 already refuses loses nothing.
+
+The game is won in one way only: eating a meal that is carried. With the false meals refused, the policy found the
+next false reward in seed 0's dream: an ``open`` answered with the game's ending ("You eat the meal. ... *** The
+End ***", 75 of its 76 paid episodes without a meal). :func:`recheck_step`, the env's ``trace_checker``, therefore
+also rejects a dreamt win at any other step (``failure="unreachable_win"``): the experience model resamples it and,
+after its resamples, serves the failure state (the page unchanged, reward 0, not done), as for any answer it cannot
+use. A loss (done, reward 0) and every other page stand as written.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from dreamgym.envs.base import Element
 from dreamgym.envs.explain_diff import ParsedState
@@ -29,6 +37,8 @@ from dreamgym.envs.textworld.policies import PREPARE
 from dreamgym.types import ExperiencePrediction
 
 REFUSAL = "You still miss something."  # the game's feedback to a prepare that lacks an ingredient
+EAT_MEAL = "eat meal"  # the one winning command (tw-cooking games), with a meal carried
+UNREACHABLE_WIN = "unreachable_win"  # the failure a rejected win is resampled, then served, under
 _SCORE = re.compile(r"^score (\d+(?:\.\d+)?)")
 
 
@@ -73,3 +83,18 @@ def recheck_meal(state: str, action: str, pred: ExperiencePrediction) -> Experie
     trace = [*clauses[:at + 2], f"missing {', '.join(missing)}", *([f"location {location}"] if location else []),
              *([f"score {score}"] if score is not None else []), "reward 0"]
     return ExperiencePrediction("; ".join(trace), refusal_page(state), 0.0, False, False)
+
+
+def _carries_meal(state: str) -> bool:
+    return any(t == "meal" or t.endswith(" meal") for t in ParsedState.parse(state).elements.get("carrying", []))
+
+
+def recheck_step(state: str, action: str, pred: ExperiencePrediction) -> ExperiencePrediction | None:
+    """TextWorld's trace checker (``EnvSpec.trace_checker``): a ``prepare meal`` as :func:`recheck_meal` reads it;
+    any other dreamt win (done with a reward) that is not ``eat meal`` with a meal carried in ``state`` rejected
+    (``failure`` set: resampled, then the failure state); None (nothing to check) otherwise."""
+    if action == PREPARE:
+        return recheck_meal(state, action, pred)
+    if pred.done and pred.reward > 0 and not (action == EAT_MEAL and _carries_meal(state)):
+        return replace(pred, failure=UNREACHABLE_WIN)
+    return None
