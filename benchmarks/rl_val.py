@@ -33,7 +33,8 @@ dream row, its dream), with ``--env-arg`` overriding env_kwargs (e.g. more val g
 
 Writes ``--out`` (with the command): per value the val success and mean reward (mean with a 95% bootstrap CI over
 seeds, then tasks) and the difference from the first value, paired on the same tasks, with its CI and the sign
-test. Each run is cached in ``--work/<field>=<value>-s<seed>`` (its summary.json).
+test. Each run is cached in ``--work/<field>=<value>-s<seed>`` (its summary.json); a dream run adds its rollouts to
+its own copy of the buffer there (``--dream-buffer``), so that no run retrieves another's.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from typing import Any, NoReturn
 
 import yaml
 
-from dreamgym.pipeline import DemoConfig
+from dreamgym.pipeline import DemoConfig, copy_dream_buffer
 from dreamgym.rl.evaluate import EVAL_TASKS, EVAL_TASKS_START
 from dreamgym.rl.trainer import RLConfig, train
 from dreamgym.stats import bootstrap_ci, paired_bootstrap_ci, sign_test
@@ -61,9 +62,13 @@ def run(args: argparse.Namespace, value: Any, seed: int, start: bool = False) ->
     fixed = "".join(f"+{k}={v}" for k, v in args.fixed.items())
     out = args.work / f"{args.field}={value}{fixed}-s{seed}"
     if not (out / "summary.json").exists():
+        dream = dict(args.base.get("dream") or {})
+        if dream.get("buffer") or args.dream_buffer:  # each run adds its rollouts to its own copy of the buffer
+            copy_dream_buffer(Path(args.dream_buffer or dream["buffer"]), out / "dream_buffer", out)
+            dream["buffer"] = str(out / "dream_buffer")
         cfg = RLConfig.model_validate({**args.base, "init": str(args.init), "seed": seed, "iterations": args.iterations,
                                        "eval_split": "val", "eval_episodes": args.eval_episodes, "eval_every": 0,
-                                       **args.fixed, args.field: value})
+                                       **({"dream": dream} if dream else {}), **args.fixed, args.field: value})
         train(cfg, out, resume=(out / "checkpoint").exists())
     return list(json.loads((out / (EVAL_TASKS_START if start else EVAL_TASKS)).read_text())["per_task"])
 
@@ -104,6 +109,10 @@ def main() -> None:
                     help="the reference is the initial policy (each run's start evaluation, the same val tasks)")
     ap.add_argument("--config", type=Path, default=None,
                     help="YAML of RLConfig fields (env, env_kwargs, dream, ...) instead of the demo's shop settings")
+    ap.add_argument("--dream-buffer", type=Path, default=None,
+                    help="with a dream config: the replay buffer each run copies and adds its rollouts to (default: "
+                         "the config's dream.buffer; a bench row's config names the row's own, so give its seed's "
+                         "M_exp buffer, RUN/seedN/buffer)")
     ap.add_argument("--env-arg", dest="env_args", action="append", default=[], metavar="KEY=VALUE",
                     help="an env_kwargs entry (YAML value), e.g. num_val_games=100; repeatable")
     ap.add_argument("--iterations", type=int, default=None, help="default: the config's (the demo's)")
@@ -131,6 +140,8 @@ def main() -> None:
         if not eq or not key:
             fail(f"error: --env-arg expects KEY=VALUE, got {item!r}")
         args.base["env_kwargs"][key] = yaml.safe_load(text)
+    if args.dream_buffer is not None and not (args.base.get("dream") and args.dream_buffer.is_dir()):
+        fail(f"error: --dream-buffer {args.dream_buffer}: needs a dream config and an existing buffer dir")
     if args.iterations is None:
         args.iterations = int(args.base.get("iterations", RLConfig.model_fields["iterations"].default))
     for item in args.sets:

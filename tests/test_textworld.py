@@ -335,6 +335,10 @@ def test_checked_verdicts_refuse_a_dreamt_meal_that_the_recipe_trace_finds_short
                                                                     True, True))
     assert fixed is not None and fixed.reasoning == short + "; missing salt; location Kitchen; reward 0"
     assert recheck_meal(page, "prepare meal", ExperiencePrediction("it works; reward 1", page, 1.0, True, True)) is None
+    # the model may write its own carried list again after the premise (seed 1's M_exp does): the premise's counts
+    rewritten = recheck_meal(page, "prepare meal", ExperiencePrediction(
+        short + "; missing salt; carried: red apple, salt; none missing; reward 1", page, 1.0, True, True))
+    assert rewritten is not None and rewritten.reasoning == short + "; missing salt; location Kitchen; reward 0"
     env.close()
 
 

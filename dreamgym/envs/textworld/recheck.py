@@ -70,11 +70,13 @@ def recheck_meal(state: str, action: str, pred: ExperiencePrediction) -> Experie
     if action != PREPARE or not pred.reasoning:
         return None
     clauses = pred.reasoning.split("; ")
-    found = [(i, names) for key in ("recipe", "carried") for i, c in enumerate(clauses)
-             if (names := _names(c, key)) is not None]
-    if len(found) != 2 or found[1][0] != found[0][0] + 1:
+    # the first recipe clause and the carried clause right after it: with computed_premises the env's, and what
+    # the model writes after them (it may write its own carried list again, e.g. "carried: a, b; none missing")
+    # does not change what was carried
+    at = next((i for i, c in enumerate(clauses) if _names(c, "recipe") is not None), None)
+    if at is None or at + 1 >= len(clauses) or (carried := _names(clauses[at + 1], "carried")) is None:
         return None
-    (at, recipe), (_, carried) = found
+    recipe = _names(clauses[at], "recipe") or []
     missing = [n for n in recipe if n not in carried]
     if not recipe or not missing:
         return None
