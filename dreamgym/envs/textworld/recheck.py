@@ -1,4 +1,4 @@
-"""Checked verdicts for TextWorld: a ``prepare meal`` trace that finds an ingredient missing gets the game's refusal.
+"""Checked verdicts for TextWorld: a short meal gets the game's refusal, a win the game rules out is rejected.
 
 The recipe annotator (:mod:`dreamgym.envs.textworld.explain`, ``annotator_options: {recipe: true}``) opens the trace
 of a ``prepare meal`` with what the recipe asks and what is carried::
