@@ -9,8 +9,8 @@ Gymnasium semantics with text observations and text actions:
 ``no_effect`` (bool: a valid step that changed nothing but its feedback, where the env can tell; see
 :meth:`TextEnv.had_effect`) and ``task`` (the :class:`~dreamgym.types.Task` being played). Observations are
 *abstract states*: one actionable element per line, ``[id] type: text`` (see :func:`format_elements`),
-optionally preceded by a short header line. An invalid or malformed action never raises: the state stays, the reward is 0 and
-``info["invalid_action"]`` is True.
+optionally preceded by a short header line. An invalid or malformed action never raises: the state stays, the
+reward is 0 and ``info["invalid_action"]`` is True.
 """
 
 from __future__ import annotations

@@ -64,7 +64,8 @@ def recipe_ingredients(instruction: str) -> list[str]:
     return [n.strip() for n in names if n.strip()]
 
 
-def _carried(state: str, name: str) -> bool:
+def carries(state: str, name: str) -> bool:
+    """Whether ``state`` lists ``name`` (or ``... name``, e.g. ``a diced red potato``) as carried."""
     return any(t == name or t.endswith(" " + name) for t in ParsedState.parse(state).elements.get("carrying", []))
 
 
@@ -78,7 +79,7 @@ def meal_outcome(state: str, action: str, next_state: str, needed: list[str]) ->
     def meals(page: str) -> int:
         return sum(t == "meal" or t.endswith(" meal") for t in ParsedState.parse(page).elements.get("carrying", []))
 
-    return all(_carried(state, n) for n in needed), meals(next_state) > meals(state)
+    return all(carries(state, n) for n in needed), meals(next_state) > meals(state)
 
 
 def revealed_ingredients(state: str, action: str, next_state: str, needed: list[str]) -> list[str] | None:
@@ -97,7 +98,7 @@ def recipe_segment(state: str, action: str, needed: list[str]) -> str | None:
     """What the recipe says of a ``take`` or ``prepare meal`` from ``state`` (None for other actions)."""
     segment = f"recipe: {', '.join(needed)}"
     if action == PREPARE:
-        have = [n for n in needed if _carried(state, n)]
+        have = [n for n in needed if carries(state, n)]
         missing = [n for n in needed if n not in have]
         return segment + f"; carried: {', '.join(have) or 'none'}; " + (f"missing {', '.join(missing)}" if missing
                                                                          else "none missing")

@@ -33,6 +33,7 @@ from dataclasses import replace
 
 from dreamgym.envs.base import Element
 from dreamgym.envs.explain_diff import ParsedState
+from dreamgym.envs.textworld.explain import carries
 from dreamgym.envs.textworld.policies import PREPARE
 from dreamgym.types import ExperiencePrediction
 
@@ -73,10 +74,10 @@ def recheck_meal(state: str, action: str, pred: ExperiencePrediction) -> Experie
     # the first recipe clause and the carried clause right after it: with computed_premises the env's, and what
     # the model writes after them (it may write its own carried list again, e.g. "carried: a, b; none missing")
     # does not change what was carried
-    at = next((i for i, c in enumerate(clauses) if _names(c, "recipe") is not None), None)
-    if at is None or at + 1 >= len(clauses) or (carried := _names(clauses[at + 1], "carried")) is None:
+    at, recipe = next(((i, names) for i, c in enumerate(clauses) if (names := _names(c, "recipe")) is not None),
+                      (len(clauses), None))
+    if recipe is None or at + 1 >= len(clauses) or (carried := _names(clauses[at + 1], "carried")) is None:
         return None
-    recipe = _names(clauses[at], "recipe") or []
     missing = [n for n in recipe if n not in carried]
     if not recipe or not missing:
         return None
@@ -87,16 +88,12 @@ def recheck_meal(state: str, action: str, pred: ExperiencePrediction) -> Experie
     return ExperiencePrediction("; ".join(trace), refusal_page(state), 0.0, False, False)
 
 
-def _carries_meal(state: str) -> bool:
-    return any(t == "meal" or t.endswith(" meal") for t in ParsedState.parse(state).elements.get("carrying", []))
-
-
 def recheck_step(state: str, action: str, pred: ExperiencePrediction) -> ExperiencePrediction | None:
     """TextWorld's trace checker (``EnvSpec.trace_checker``): a ``prepare meal`` as :func:`recheck_meal` reads it;
     any other dreamt win (done with a reward) that is not ``eat meal`` with a meal carried in ``state`` rejected
     (``failure`` set: resampled, then the failure state); None (nothing to check) otherwise."""
     if action == PREPARE:
         return recheck_meal(state, action, pred)
-    if pred.done and pred.reward > 0 and not (action == EAT_MEAL and _carries_meal(state)):
+    if pred.done and pred.reward > 0 and not (action == EAT_MEAL and carries(state, "meal")):
         return replace(pred, failure=UNREACHABLE_WIN)
     return None
