@@ -282,9 +282,11 @@ def test_a_prepare_the_game_refuses_is_a_step_without_effect_in_the_game_and_in_
 def test_checked_verdicts_refuse_a_dreamt_meal_that_the_recipe_trace_finds_short(cache_dir: Path) -> None:
     """TextWorld's trace checker (``checked_verdicts``): a ``prepare meal`` whose recipe trace leaves an ingredient
     missing gets the real game's page (the refusal, reward 0, not done), even when the model wrote a meal; the
-    annotator's own traces and pages, refused or made, come back unchanged or unread; other actions are not read."""
+    annotator's own traces and pages, refused or made, come back unchanged or unread; the game's own steps pass; a
+    win other than eating a carried meal, or a meal carried after a step that cannot make one, is rejected."""
     from dreamgym.envs import spec
     from dreamgym.envs.textworld.recheck import (
+        MEAL_FROM_NOWHERE,
         REFUSAL,
         UNREACHABLE_WIN,
         recheck_meal,
@@ -326,6 +328,12 @@ def test_checked_verdicts_refuse_a_dreamt_meal_that_the_recipe_trace_finds_short
     assert recheck_step(page + "\n[i2] carrying: a meal", "eat meal", win) is None
     lost = dataclasses.replace(win, reward=0.0, success=False)
     assert recheck_step(page, "eat red apple", lost) is None  # a loss stands
+    # a meal appears by prepare meal only (or is taken again): an open that adds one is rejected
+    opened = ExperiencePrediction("\"open fridge\" listed: valid; carrying +a meal; reward 0",
+                                  page + "\n[i2] carrying: a meal", 0.0, False, False)
+    assert recheck_step(page, "open fridge", opened) == dataclasses.replace(opened, failure=MEAL_FROM_NOWHERE)
+    assert recheck_step(page, "take meal", opened) is None
+    assert recheck_step(page + "\n[i2] carrying: a meal", "open fridge", opened) is None  # carried already
     assert refusal_page(page).splitlines()[:2] == ["location: Kitchen", f"[f] feedback: {REFUSAL}"]
     # the verdict follows the clauses the trace wrote: nothing missing there, nothing to check
     short = "\"prepare meal\" listed: valid; recipe: red apple, salt; carried: red apple"

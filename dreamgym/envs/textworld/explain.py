@@ -69,16 +69,17 @@ def carries(state: str, name: str) -> bool:
     return any(t == name or t.endswith(" " + name) for t in ParsedState.parse(state).elements.get("carrying", []))
 
 
+def meals(page: str) -> int:
+    """How many meals ``page`` lists as carried."""
+    return sum(t == "meal" or t.endswith(" meal") for t in ParsedState.parse(page).elements.get("carrying", []))
+
+
 def meal_outcome(state: str, action: str, next_state: str, needed: list[str]) -> tuple[bool, bool] | None:
     """For a ``prepare meal`` step: (every ingredient in ``needed`` was carried in ``state``, ``next_state`` carries a
     meal ``state`` did not). The real game makes a meal exactly when the first holds ("You still miss something."
     otherwise), so a made meal that lacked an ingredient is a page the game never writes. None for other actions."""
     if action != PREPARE:
         return None
-
-    def meals(page: str) -> int:
-        return sum(t == "meal" or t.endswith(" meal") for t in ParsedState.parse(page).elements.get("carrying", []))
-
     return all(carries(state, n) for n in needed), meals(next_state) > meals(state)
 
 
