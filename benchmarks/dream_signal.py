@@ -16,7 +16,8 @@ real game makes it exactly when none is missing, so a meal made with one missing
 the real game pays only for eating one made with none missing. And its ``open X`` steps by whether the next page
 offers to take a recipe ingredient from X: what a container holds is hidden until opened, so a dream that invents
 it can hide the recipe from the policy (the real game's data says how often opening reveals one). Steps the dream
-recalled from the offline data (``DreamConfig.recall``: marked ``recalled`` in their info) are counted apart. And the
+recalled from the offline data (``DreamConfig.recall``: marked ``recalled`` in their info) are counted apart, and the
+generated opens (M_exp's own pages) that offered an ingredient. And the
 valid, non-final steps that changed nothing but their feedback by the env's own reading of the two pages
 (``TextEnv.had_effect``; what ``RLConfig.no_effect_penalty`` charges), the ``prepare meal`` ones apart.
 """
@@ -130,7 +131,7 @@ def meal_verdicts(trajs: list[tuple[str, dict[str, Any]]]) -> dict[str, int] | N
 
     counts = {"ready_made": 0, "ready_refused": 0, "missing_made": 0, "missing_refused": 0,
               "paid_episodes": 0, "paid_after_ready_meal": 0, "paid_after_missing_meal_only": 0, "paid_without_meal": 0,
-              "opens": 0, "opens_revealing_ingredient": 0, "opens_recalled": 0}
+              "opens": 0, "opens_revealing_ingredient": 0, "opens_recalled": 0, "opens_generated_revealing": 0}
     for where, traj in trajs:
         try:
             needed = recipe_ingredients(str((traj.get("task") or {}).get("instruction", "")))
@@ -148,6 +149,7 @@ def meal_verdicts(trajs: list[tuple[str, dict[str, Any]]]) -> dict[str, int] | N
                 counts["opens"] += 1
                 counts["opens_revealing_ingredient"] += bool(revealed)
                 counts["opens_recalled"] += recalled
+                counts["opens_generated_revealing"] += bool(revealed) and not recalled  # M_exp's own pages
         if needed and traj.get("success"):  # the real game pays only for eating a meal made with none missing
             counts["paid_episodes"] += 1
             counts["paid_after_ready_meal" if "ready" in made else "paid_after_missing_meal_only" if made
@@ -191,7 +193,8 @@ def _meals_text(m: dict[str, int] | None) -> str:
             f"with none missing {m['ready_made']} of {m['ready_made'] + m['ready_refused']}; of {m['paid_episodes']} paid "
             f"episodes {m['paid_after_ready_meal']} made a meal with none missing, {m['paid_after_missing_meal_only']} "
             f"only with one missing, {m['paid_without_meal']} none; {m['opens_revealing_ingredient']} of {m['opens']} "
-            f"opens offered a recipe ingredient ({m['opens_recalled']} opens recalled)")
+            f"opens offered a recipe ingredient ({m['opens_recalled']} opens recalled; "
+            f"{m['opens_generated_revealing']} of the {m['opens'] - m['opens_recalled']} generated offered one)")
 
 
 def _no_effect_text(c: dict[str, int] | None) -> str:

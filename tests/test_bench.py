@@ -562,9 +562,10 @@ def test_dream_signal_counts_the_groups_grpo_cannot_learn_from(tmp_path: Path) -
     assert report["meals"] == {"ready_made": 1, "ready_refused": 0, "missing_made": 2, "missing_refused": 1,
                                "paid_episodes": 3, "paid_after_ready_meal": 1, "paid_after_missing_meal_only": 1,
                                "paid_without_meal": 1, "opens": 3, "opens_revealing_ingredient": 1,
-                               "opens_recalled": 1}
+                               "opens_recalled": 1, "opens_generated_revealing": 0}
     assert "meals made with an ingredient missing 2 of 3 such prepares" in done.stdout
-    assert "1 of 3 opens offered a recipe ingredient (1 opens recalled)" in done.stdout
+    assert ("1 of 3 opens offered a recipe ingredient (1 opens recalled; 0 of the 2 generated offered one)"
+            in done.stdout)
     # TextWorld's reading of each step (TextEnv.had_effect): only the refused prepare changed nothing but the
     # feedback (the pages of iter_00001, whose task names no env, are not read)
     assert report["no_effect"] == {"steps": 9, "no_effect": 1, "prepare_meal": 4, "prepare_meal_no_effect": 1}

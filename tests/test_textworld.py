@@ -332,7 +332,8 @@ def test_checked_verdicts_refuse_a_dreamt_meal_that_the_recipe_trace_finds_short
     opened = ExperiencePrediction("\"open fridge\" listed: valid; carrying +a meal; reward 0",
                                   page + "\n[i2] carrying: a meal", 0.0, False, False)
     assert recheck_step(page, "open fridge", opened) == dataclasses.replace(opened, failure=MEAL_FROM_NOWHERE)
-    assert recheck_step(page, "take meal", opened) is None
+    assert recheck_step(page, "take meal", opened) is None and recheck_step(page, "take meal from table", opened) is None
+    assert recheck_step(page, "take milk from fridge", opened) == dataclasses.replace(opened, failure=MEAL_FROM_NOWHERE)
     assert recheck_step(page + "\n[i2] carrying: a meal", "open fridge", opened) is None  # carried already
     assert refusal_page(page).splitlines()[:2] == ["location: Kitchen", f"[f] feedback: {REFUSAL}"]
     # the verdict follows the clauses the trace wrote: nothing missing there, nothing to check

@@ -286,7 +286,7 @@ class DreamConfig(BaseModel):
                                           "the verdicts that follow from what each trace compares (the shop: a "
                                           "purchase's checks; TextWorld: a meal with an ingredient missing is "
                                           "refused; a win other than eating a carried meal, or a meal from a "
-                                          "step other than prepare or take, resampled; "
+                                          "step other than prepare meal or take meal, resampled; "
                                           "ProtocolConfig.checked_verdicts)")
     recall: bool = Field(default=False, description="a step the offline data recorded (the same task, state and "
                          "action) is answered as the real env answered it, not generated: the memory of its "

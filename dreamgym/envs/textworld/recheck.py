@@ -27,8 +27,9 @@ use. A loss (done, reward 0) and every other page stand as written.
 
 A meal is made by ``prepare meal`` only (a dropped one can be taken again). Seed 1's checked dream (session 27)
 carried one after 18 other steps, e.g. an ``open fridge`` answered "Adding the meal to your inventory", then paid for
-eating it; a page that adds a meal at any step but ``prepare meal`` or a ``take`` is rejected as well
-(``failure="meal_from_nowhere"``). The real game's steps all pass both rules (tested on collected games).
+eating it; a page that adds a meal at any step but ``prepare meal`` or ``take meal`` is rejected as well
+(``failure="meal_from_nowhere"``; the first version let any ``take`` pass, and the no-effect val runs of session 28
+found ``take milk from fridge`` answered with a meal). The real game's steps all pass both rules (tested on collected games).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from dreamgym.types import ExperiencePrediction
 REFUSAL = "You still miss something."  # the game's feedback to a prepare that lacks an ingredient
 EAT_MEAL = "eat meal"  # the one winning command (tw-cooking games), with a meal carried
 UNREACHABLE_WIN = "unreachable_win"  # the failure a rejected win is resampled, then served, under
-MEAL_FROM_NOWHERE = "meal_from_nowhere"  # ... and a meal carried after a step that cannot make or fetch one
+MEAL_FROM_NOWHERE = "meal_from_nowhere"  # ... and a meal carried after a step that cannot make or take one
 _SCORE = re.compile(r"^score (\d+(?:\.\d+)?)")
 
 
@@ -97,12 +98,13 @@ def recheck_meal(state: str, action: str, pred: ExperiencePrediction) -> Experie
 def recheck_step(state: str, action: str, pred: ExperiencePrediction) -> ExperiencePrediction | None:
     """TextWorld's trace checker (``EnvSpec.trace_checker``): a ``prepare meal`` as :func:`recheck_meal` reads it;
     any other dreamt win (done with a reward) that is not ``eat meal`` with a meal carried in ``state``, and a meal
-    carried after any step but ``prepare meal`` or a ``take``, rejected (``failure`` set: resampled, then the failure
-    state); None (nothing to check) otherwise."""
+    carried after any step but ``prepare meal`` or ``take meal`` (from anywhere), rejected (``failure`` set:
+    resampled, then the failure state); None (nothing to check) otherwise."""
     if action == PREPARE:
         return recheck_meal(state, action, pred)
     if pred.done and pred.reward > 0 and not (action == EAT_MEAL and carries(state, "meal")):
         return replace(pred, failure=UNREACHABLE_WIN)
-    if not action.startswith("take ") and meals(pred.next_state) > meals(state):
+    taken = action.removeprefix("take ").partition(" from ")[0] if action.startswith("take ") else None
+    if not (taken == "meal" or (taken or "").endswith(" meal")) and meals(pred.next_state) > meals(state):
         return replace(pred, failure=MEAL_FROM_NOWHERE)
     return None
