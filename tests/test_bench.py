@@ -544,6 +544,7 @@ def test_dream_signal_counts_the_groups_grpo_cannot_learn_from(tmp_path: Path) -
         {"state": egg, "action": "open fridge", "next_state": f"{egg}\n[c1] command: take milk from fridge",
          "info": {"recalled": True}},  # answered from the offline data (DreamConfig.recall)
         {"state": egg, "action": "open fridge", "next_state": f"{egg}\n[c1] command: take apple from fridge"},
+        {"state": egg, "action": "open fridge", "next_state": f"{egg}\n[c1] command: take milk from fridge"},  # M_exp's
         {"state": f"{egg}\n[c1] command: take milk from fridge", "action": "open fridge",
          "next_state": f"{egg}\n[c1] command: take milk from fridge\n[c2] command: close fridge"}], "success": True}
     paid_anyway = {"task": recipe["task"], "success": True, "transitions": recipe["transitions"][:1]}
@@ -558,18 +559,18 @@ def test_dream_signal_counts_the_groups_grpo_cannot_learn_from(tmp_path: Path) -
     assert (report["groups"], report["zero_variance_groups"], report["zero_variance_share"]) == (5, 3, 0.6)
     assert [r["zero_variance_groups"] for r in report["iterations"]] == [2, 1] and report["mean_success"] == 0.75
     assert report["wm2real"]["invalid_in_real"] == 3 and "3 of 4 replayed" in done.stdout
-    assert report["rollout_pages"] == {"pages": 11, "repeated_element_pages": 1, "recalled_pages": 1}
+    assert report["rollout_pages"] == {"pages": 12, "repeated_element_pages": 1, "recalled_pages": 1}
     assert report["meals"] == {"ready_made": 1, "ready_refused": 0, "missing_made": 2, "missing_refused": 1,
                                "paid_episodes": 3, "paid_after_ready_meal": 1, "paid_after_missing_meal_only": 1,
-                               "paid_without_meal": 1, "opens": 3, "opens_revealing_ingredient": 1,
-                               "opens_recalled": 1, "opens_generated_revealing": 0}
+                               "paid_without_meal": 1, "opens": 4, "opens_revealing_ingredient": 2,
+                               "opens_recalled": 1, "opens_generated_revealing": 1}
     assert "meals made with an ingredient missing 2 of 3 such prepares" in done.stdout
-    assert ("1 of 3 opens offered a recipe ingredient (1 opens recalled; 0 of the 2 generated offered one)"
+    assert ("2 of 4 opens offered a recipe ingredient (1 opens recalled; 1 of the 3 generated offered one)"
             in done.stdout)
     # TextWorld's reading of each step (TextEnv.had_effect): only the refused prepare changed nothing but the
     # feedback (the pages of iter_00001, whose task names no env, are not read)
-    assert report["no_effect"] == {"steps": 9, "no_effect": 1, "prepare_meal": 4, "prepare_meal_no_effect": 1}
-    assert "1 of 9 valid non-final steps changed nothing but the feedback (1 of 4 prepares)" in done.stdout
+    assert report["no_effect"] == {"steps": 10, "no_effect": 1, "prepare_meal": 4, "prepare_meal_no_effect": 1}
+    assert "1 of 10 valid non-final steps changed nothing but the feedback (1 of 4 prepares)" in done.stdout
     data = subprocess.run([sys.executable, str(script), str(run), "--data", str(run / "rollouts" / "iter_00001.jsonl"),
                            "--data", str(tmp_path / "nothing.jsonl")], capture_output=True, text=True, timeout=120)
     assert data.returncode == 2 and "nothing.jsonl: no such trajectory file" in data.stderr

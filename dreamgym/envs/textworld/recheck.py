@@ -29,7 +29,8 @@ A meal is made by ``prepare meal`` only (a dropped one can be taken again). Seed
 carried one after 18 other steps, e.g. an ``open fridge`` answered "Adding the meal to your inventory", then paid for
 eating it; a page that adds a meal at any step but ``prepare meal`` or ``take meal`` is rejected as well
 (``failure="meal_from_nowhere"``; the first version let any ``take`` pass, and the no-effect val runs of session 28
-found ``take milk from fridge`` answered with a meal). The real game's steps all pass both rules (tested on collected games).
+found ``take milk from fridge`` answered with a meal). The real game's steps pass every rule (tested on collected
+games).
 """
 
 from __future__ import annotations
