@@ -19,7 +19,8 @@ it can hide the recipe from the policy (the real game's data says how often open
 recalled from the offline data (``DreamConfig.recall``: marked ``recalled`` in their info) are counted apart, and the
 generated opens (M_exp's own pages) that offered an ingredient. And the
 valid, non-final steps that changed nothing but their feedback by the env's own reading of the two pages
-(``TextEnv.had_effect``; what ``RLConfig.no_effect_penalty`` charges), the ``prepare meal`` ones apart.
+(``TextEnv.had_effect``; what ``RLConfig.no_effect_penalty`` charges), the ``prepare meal`` ones apart. And how the
+last iteration's episodes ended (``last_endings``: the last command's first word, won / lost / unfinished).
 """
 
 from __future__ import annotations
@@ -171,15 +172,31 @@ def signal(run: Path) -> dict[str, Any]:
     successes = [r["success"] for r in per_iter if r["success"] is not None]
     summary_path = run / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    trajs = read_rollouts(run / "rollouts")
     return {"run": str(run), "iterations": per_iter,
             "mean_success": round(statistics.fmean(successes), 4) if successes else None,
             "groups": groups, "zero_variance_groups": flat,
             "zero_variance_share": round(flat / groups, 4) if groups else None,
-            "wm2real": summary.get("wm2real"), **_page_counts(run / "rollouts", "rollout_pages")}
+            "wm2real": summary.get("wm2real"), **_page_counts(trajs, "rollout_pages"),
+            "last_endings": last_endings(trajs) if trajs else None}
 
 
-def _page_counts(rollouts: Path, key: str) -> dict[str, Any]:
-    trajs = read_rollouts(rollouts)
+def last_endings(trajs: list[tuple[str, dict[str, Any]]]) -> dict[str, int]:
+    """The last rollout file's episodes (the last iteration's) by how they ended: the first word of the last
+    command, then ``won``, ``lost`` (done without success) or ``unfinished``. A policy that learns to end its
+    episodes early shows here: on TextWorld an ``eat lost`` is an ingredient eaten, which ends the game."""
+    last = max(where.rpartition(":")[0] for where, _ in trajs)
+    counts: dict[str, int] = {}
+    for where, traj in trajs:
+        x = traj["transitions"][-1] if traj["transitions"] else {}
+        if where.rpartition(":")[0] == last and isinstance(x, dict):
+            end = "won" if traj.get("success") else "lost" if x.get("done") else "unfinished"
+            key = f"{str(x.get('action', '')).partition(' ')[0]} {end}"
+            counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _page_counts(trajs: list[tuple[str, dict[str, Any]]] | None, key: str) -> dict[str, Any]:
     return {key: repeated_pages(trajs) if trajs is not None else None,
             "meals": meal_verdicts(trajs) if trajs is not None else None,
             "no_effect": steps_without_effect(trajs) if trajs is not None else None}
@@ -217,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in args.data:
             if not path.is_file():
                 raise BadInput(f"{path}: no such trajectory file")
-            data.append({"data": str(path), **_page_counts(path, "pages")})
+            data.append({"data": str(path), **_page_counts(read_rollouts(path), "pages")})
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -178,11 +178,11 @@ def main() -> None:
                                  "mean_reward": bootstrap_ci(col(v, "reward")),
                                  "success_per_seed": [sum(s) / len(s) for s in col(v, "success")]}
         if v != ref:
+            signs = sign_test([x for s in col(v, "success") for x in s], [x for s in col(ref, "success") for x in s])
             entry["vs_reference"] = {
                 "success": paired_bootstrap_ci(col(v, "success"), col(ref, "success")),
                 "mean_reward": paired_bootstrap_ci(col(v, "reward"), col(ref, "reward")),
-                "success_sign_test_p": sign_test([x for s in col(v, "success") for x in s],
-                                                 [x for s in col(ref, "success") for x in s])["p"]}
+                "success_sign_test_p": signs["p"], "success_won": signs["a_better"], "success_lost": signs["b_better"]}
         result["values"][v] = entry
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
@@ -193,7 +193,8 @@ def main() -> None:
                 f"mean reward {r['mean']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]")
         if "vs_reference" in e:
             d, dr = e["vs_reference"]["success"], e["vs_reference"]["mean_reward"]
-            line += (f"  vs {ref}: success {d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}], reward "
+            line += (f"  vs {ref}: success {d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] "
+                     f"({e['vs_reference']['success_won']} won, {e['vs_reference']['success_lost']} lost), reward "
                      f"{dr['mean']:+.3f} [{dr['ci_low']:+.3f}, {dr['ci_high']:+.3f}]")
         print(line)
 

@@ -560,6 +560,8 @@ def test_dream_signal_counts_the_groups_grpo_cannot_learn_from(tmp_path: Path) -
     assert [r["zero_variance_groups"] for r in report["iterations"]] == [2, 1] and report["mean_success"] == 0.75
     assert report["wm2real"]["invalid_in_real"] == 3 and "3 of 4 replayed" in done.stdout
     assert report["rollout_pages"] == {"pages": 12, "repeated_element_pages": 1, "recalled_pages": 1}
+    # the last iteration's file only (iter_00001's episode, no action and no success, is not counted)
+    assert report["last_endings"] == {"open won": 1, "prepare won": 1, "take won": 1}
     assert report["meals"] == {"ready_made": 1, "ready_refused": 0, "missing_made": 2, "missing_refused": 1,
                                "paid_episodes": 3, "paid_after_ready_meal": 1, "paid_after_missing_meal_only": 1,
                                "paid_without_meal": 1, "opens": 4, "opens_revealing_ingredient": 2,

@@ -64,14 +64,24 @@ def recipe_ingredients(instruction: str) -> list[str]:
     return [n.strip() for n in names if n.strip()]
 
 
+def names_item(text: str, name: str) -> bool:
+    """Whether ``text`` is ``name`` or ``... name`` (e.g. ``a diced red potato`` names ``red potato``)."""
+    return text == name or text.endswith(" " + name)
+
+
+def taken_item(action: str) -> str | None:
+    """What a ``take X`` or ``take X from Y`` command takes (X); None for other commands."""
+    return take.group(1) if (take := _TAKE.match(action)) is not None else None
+
+
 def carries(state: str, name: str) -> bool:
-    """Whether ``state`` lists ``name`` (or ``... name``, e.g. ``a diced red potato``) as carried."""
-    return any(t == name or t.endswith(" " + name) for t in ParsedState.parse(state).elements.get("carrying", []))
+    """Whether ``state`` lists ``name`` (see :func:`names_item`) as carried."""
+    return any(names_item(t, name) for t in ParsedState.parse(state).elements.get("carrying", []))
 
 
 def meals(page: str) -> int:
     """How many meals ``page`` lists as carried."""
-    return sum(t == "meal" or t.endswith(" meal") for t in ParsedState.parse(page).elements.get("carrying", []))
+    return sum(names_item(t, "meal") for t in ParsedState.parse(page).elements.get("carrying", []))
 
 
 def meal_outcome(state: str, action: str, next_state: str, needed: list[str]) -> tuple[bool, bool] | None:
@@ -103,8 +113,7 @@ def recipe_segment(state: str, action: str, needed: list[str]) -> str | None:
         missing = [n for n in needed if n not in have]
         return segment + f"; carried: {', '.join(have) or 'none'}; " + (f"missing {', '.join(missing)}" if missing
                                                                          else "none missing")
-    if (take := _TAKE.match(action)) is not None:
-        item = take.group(1)
+    if (item := taken_item(action)) is not None:
         return segment + f"; {item} {'needed' if item in needed else 'not needed'}"
     return None
 

@@ -40,7 +40,7 @@ from dataclasses import replace
 
 from dreamgym.envs.base import Element
 from dreamgym.envs.explain_diff import ParsedState
-from dreamgym.envs.textworld.explain import carries, meals
+from dreamgym.envs.textworld.explain import carries, meals, names_item, taken_item
 from dreamgym.envs.textworld.policies import PREPARE
 from dreamgym.types import ExperiencePrediction
 
@@ -105,7 +105,7 @@ def recheck_step(state: str, action: str, pred: ExperiencePrediction) -> Experie
         return recheck_meal(state, action, pred)
     if pred.done and pred.reward > 0 and not (action == EAT_MEAL and carries(state, "meal")):
         return replace(pred, failure=UNREACHABLE_WIN)
-    taken = action.removeprefix("take ").partition(" from ")[0] if action.startswith("take ") else None
-    if not (taken == "meal" or (taken or "").endswith(" meal")) and meals(pred.next_state) > meals(state):
+    taken = taken_item(action)
+    if not (taken is not None and names_item(taken, "meal")) and meals(pred.next_state) > meals(state):
         return replace(pred, failure=MEAL_FROM_NOWHERE)
     return None
