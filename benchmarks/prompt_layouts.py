@@ -14,7 +14,9 @@ dropped neighbour: ``refs_to_dropped_neighbour``), which SFT taught before ``Pro
 neighbours), whatever the model was trained with; ``--protocol`` (a JSON object of ``ProtocolConfig`` fields) likewise
 fits them under other protocol settings, e.g. neighbours of the same task and action shown as their new lines
 (``task_neighbours``, ``neighbour_changes``). ``with_task_neighbour`` counts the fitted prompts that keep a neighbour
-recorded in the step's task that took its action (its header says so).
+recorded in the step's task that took its action (its header says so); ``by_verb`` gives, per first word of the
+step's action, [prompts, prompts with such a neighbour] (TextWorld's ``open``: what a container holds).
+``cut_neighbour_page`` (in ``--protocol``) cuts the last neighbour's page to its first lines before dropping it.
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def kept(budget_of: Any) -> dict[str, int]:
         out = {"prompts": 0, "whole": 0, "with_neighbour": 0, "with_task_neighbour": 0, "whole_history": 0,
-               "whole_state": 0, "none_fits": 0, "refs_to_dropped_text": 0, "refs_to_dropped_neighbour": 0}
+               "whole_state": 0, "none_fits": 0, "refs_to_dropped_text": 0, "refs_to_dropped_neighbour": 0,
+               "by_verb": {}}
         for query, ex in pairs:
             out["prompts"] += 1
             fitted = fit_layout(query, protocol, summary["chat"], count, budget_of(ex))
@@ -94,10 +97,16 @@ def main(argv: list[str] | None = None) -> int:
             text = "\n".join(m["content"] for m in prompt) if isinstance(prompt, list) else prompt
             out["whole"] += prompt == ex.prompt
             out["with_neighbour"] += "SIMILAR" in text
-            out["with_task_neighbour"] += f"(1) {SAME_TASK_ACTION}" in text or f"(1) {SAME_STEP}" in text
+            task_neighbour = f"(1) {SAME_TASK_ACTION}" in text or f"(1) {SAME_STEP}" in text
+            out["with_task_neighbour"] += task_neighbour
+            verb = query.action.split()[0] if query.action.split() else ""
+            out["by_verb"].setdefault(verb, [0, 0])
+            out["by_verb"][verb][0] += 1
+            out["by_verb"][verb][1] += task_neighbour
             start = max(0, len(query.history) - protocol.history_window) if protocol.history_window else len(query.history)
             out["whole_history"] += all(f"#{i} " in text for i in range(start + 1, len(query.history) + 1))
             out["whole_state"] += truncate_lines(query.state, protocol.max_state_chars) in text
+        out["by_verb"] = dict(sorted(out["by_verb"].items(), key=lambda kv: -kv[1][0]))
         return out
 
     max_length = int(summary["sft"]["max_length"])

@@ -468,4 +468,5 @@ def test_protocol_teacher_and_index_configs_are_strict_pydantic_models() -> None
                                      "max_state_chars", "max_neighbour_chars", "system_prompt", "ground_action",
                                      "copy_refs", "exact_neighbours", "checked_verdicts", "task_last",
                                      "same_action_neighbours", "layout_refs", "element_refs", "computed_premises",
-                                     "cut_history_first", "task_neighbours", "neighbour_changes"}
+                                     "cut_history_first", "task_neighbours", "neighbour_changes",
+                                     "cut_neighbour_page"}

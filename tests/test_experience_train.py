@@ -344,6 +344,46 @@ def test_neighbours_show_real_endings_only_like_the_targets(tmp_path: Path) -> N
     buffer.close()
 
 
+def test_cut_neighbour_page_cuts_the_last_neighbour_to_its_first_lines_before_dropping_it() -> None:
+    """With ``cut_neighbour_page`` a prompt over its budget keeps its last neighbour's first lines (an open's
+    feedback: what the container holds) before it drops it; the history still goes first with
+    ``cut_history_first``, and without the option nothing changes."""
+    from dreamgym.experience.protocol import (
+        MIN_NEIGHBOUR_CHARS,
+        Neighbour,
+        build_user_text,
+        fit_layout,
+        shorter_layouts,
+    )
+
+    feedback = "[f] feedback: You open the fridge, revealing a red apple and a raw chicken wing."
+    page = "\n".join([feedback, *(f"[c{i}] command: take item number {i:02d} from the big fridge" for i in range(9))])
+    assert len(page) == 566
+    n = Neighbour("location: Kitchen", "open fridge", page, 0.0, False, instruction="cook")
+    query = ExperienceQuery("cook", [("location: Hall", "go east"), ("location: Yard", "go west")], [n, n],
+                            "location: Kitchen\n[c1] command: open fridge", "open fridge")
+    cfg = ProtocolConfig(k=2, history_window=2, cut_neighbour_page=True, reasoning=False, system_prompt="")
+
+    def order(c: ProtocolConfig) -> list[tuple[int, int, int | None]]:
+        return [(x.k, x.history_window, x.max_neighbour_chars) for x in shorter_layouts(query, c)]
+
+    # the last neighbour's page halved (566 -> 283 -> 141; 70 is under MIN_NEIGHBOUR_CHARS), then dropped
+    assert MIN_NEIGHBOUR_CHARS == 120
+    assert order(cfg) == [(1, 2, 600), (1, 2, 283), (1, 2, 141), (0, 2, 600), (0, 1, 600), (0, 0, 600)]
+    first = cfg.model_copy(update={"cut_history_first": True})
+    assert order(first) == [(2, 1, 600), (2, 0, 600), (1, 0, 600), (1, 0, 283), (1, 0, 141), (0, 0, 600)]
+    assert order(cfg.model_copy(update={"cut_neighbour_page": False})) == [(1, 2, 600), (0, 2, 600), (0, 1, 600),
+                                                                           (0, 0, 600)]
+    # Fitted to a budget the whole page misses, the feedback line stays and the rest is marked cut.
+    chars = len
+    budget = chars(build_user_text(query, first.model_copy(update={"k": 1, "history_window": 0,
+                                                                   "max_neighbour_chars": 141})))
+    fitted = fit_layout(query, first, False, lambda p: chars(p.removesuffix("\n")), budget)
+    assert fitted is not None and fitted[0].max_neighbour_chars == 141
+    assert f"⇒\n{feedback}\n[c0] command: take item number 00 from the big fridge\n…\n| r=0.00" in fitted[1]
+    assert "item number 01" not in fitted[1]
+
+
 def test_sft_shortens_a_long_prompt_by_the_rule_inference_uses(annotated, tmp_path: Path) -> None:
     """A prompt over max_length loses its neighbours first, then its history (oldest first), then state lines;
     the system text and the TASK line stay. Training and inference fit it by one function, so a budget gives

@@ -238,6 +238,12 @@ class ProtocolConfig(BaseModel):
     # under any id is not new), so that it fits: a whole TextWorld page is ~300 tokens of a 512-token prompt budget,
     # and the retrieved transition was the first thing cut (12 of 1,439 training prompts kept it).
     neighbour_changes: bool = False
+    # A prompt over its token budget cuts its last neighbour's page to fewer whole lines (its first lines kept:
+    # TextWorld's feedback of an open, then its new commands) before dropping it (shorter_layouts). A 512-token
+    # TextWorld prompt holds the task (~85 tokens) and the state (~320) before any neighbour, and a whole open's new
+    # lines (~200) rarely fit: with the history cut first, 111 of 1,439 training prompts kept the same game's
+    # neighbour (benchmarks/results/prompt_layouts_textworld_task_changes_history_first.json).
+    cut_neighbour_page: bool = False
     # The TASK line last in the user message, right before the output, instead of first: the copy-first base writes
     # the page's price in 20-30 of 31 val purchase traces and the task's price bound in 0-2, so is it the distance?
     # No: from the shipped base, 3 seeds on val, nothing moves (terminal reward accuracy -0.011 +- 0.046, the task's
@@ -332,7 +338,7 @@ def _similar_lines(query: ExperienceQuery, cfg: ProtocolConfig) -> list[str]:
     for i, n in enumerate(shown, start=1):
         same = cfg.exact_neighbours and (n.instruction, n.state, n.action) == (query.instruction, query.state,
                                                                               query.action)
-        task = cfg.task_neighbours and (n.instruction, n.action) == (query.instruction, query.action)
+        task = cfg.task_neighbours and is_task_neighbour(query, n)
         header = SAME_STEP if same else SAME_TASK_ACTION if task else SAME_ACTION if (
             cfg.same_action_neighbours and n.action == query.action) else ""
         lines.append(f"({i}) {header}" if header else f"({i})")
@@ -408,14 +414,33 @@ def build_prompt_text(query: ExperienceQuery, cfg: ProtocolConfig) -> str:
 
 
 MIN_STATE_CHARS = 100  # the state is cut no shorter than this when a prompt is fitted to a token budget
+MIN_NEIGHBOUR_CHARS = 120  # nor the last neighbour's page (ProtocolConfig.cut_neighbour_page): about one feedback line
+
+
+def _halvings(chars: int, floor: int) -> Iterator[int]:
+    """``chars`` halved again and again while it stays above ``floor`` (the last value may be below it)."""
+    while chars > floor:
+        chars //= 2
+        yield chars
+
+
+def is_task_neighbour(query: ExperienceQuery, n: Neighbour) -> bool:
+    """Whether ``n`` was recorded in the query's task and took its action (``task_neighbours``' header)."""
+    return (n.instruction, n.action) == (query.instruction, query.action)
 
 
 def shorter_layouts(query: ExperienceQuery, cfg: ProtocolConfig) -> Iterator[ProtocolConfig]:
     """Ever shorter prompt layouts for ``query``, for a prompt over its token budget: the neighbours dropped one at
     a time (the least similar first), then the history one step at a time (the oldest first; the steps left keep
     their numbers), or the history first with ``cfg.cut_history_first``, then the state cut to fewer whole lines
-    (its character limit halved, down to :data:`MIN_STATE_CHARS`). The system text and the TASK, ACTION and TARGET lines are never cut."""
-    neighbours = [{"k": k} for k in range(min(cfg.k, len(query.retrieved)) - 1, -1, -1)]
+    (its character limit halved, down to :data:`MIN_STATE_CHARS`). The system text and the TASK, ACTION and TARGET
+    lines are never cut. With ``cfg.cut_neighbour_page`` the last neighbour's page is first cut to fewer whole lines
+    (halved, down to :data:`MIN_NEIGHBOUR_CHARS`), then dropped."""
+    n = min(cfg.k, len(query.retrieved))
+    last_page = [] if not cfg.cut_neighbour_page or n == 0 else [
+        {"k": 1, "max_neighbour_chars": c} for c in _halvings(len(neighbour_page(query.retrieved[0], cfg)),
+                                                              MIN_NEIGHBOUR_CHARS) if c >= MIN_NEIGHBOUR_CHARS]
+    neighbours = [{"k": k} for k in range(n - 1, 0, -1)] + last_page + ([{"k": 0}] if n else [])
     history = [{"history_window": w} for w in range(min(cfg.history_window, len(query.history)) - 1, -1, -1)]
     if cfg.cut_history_first:
         steps = history + [{"history_window": 0, **k} for k in neighbours]
@@ -423,9 +448,8 @@ def shorter_layouts(query: ExperienceQuery, cfg: ProtocolConfig) -> Iterator[Pro
         steps = neighbours + [{"k": 0, **w} for w in history]
     for update in steps:
         yield cfg.model_copy(update=update)
-    chars = min(cfg.max_state_chars or len(query.state), len(query.state.strip()))
-    while chars > MIN_STATE_CHARS:
-        chars //= 2
+    state_chars = min(cfg.max_state_chars or len(query.state), len(query.state.strip()))
+    for chars in _halvings(state_chars, MIN_STATE_CHARS):
         yield cfg.model_copy(update={"k": 0, "history_window": 0, "max_state_chars": chars})
 
 
