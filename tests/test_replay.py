@@ -647,6 +647,16 @@ def test_task_rows_of_the_action_come_before_the_other_same_action_rows(tmp_path
         assert buf.retrieve(query_state, action, k=2, task="cook task A", exclude_traj="own0")[0].traj_id == "own1"
         assert buf.retrieve(query_state, action, k=1, task="no such task")[0].row == \
             buf.retrieve(query_state, action, k=1)[0].row
+        # A dreamt row of the task's action, however like the query's page, comes after its real ones: the prompt
+        # shows what the game showed, not what a dream wrote.
+        dreamt = recs[7].model_copy(update={"traj_id": "dream0", "instruction": "cook task A", "action": action,
+                                            "next_state": "a dreamt fridge", "source": "synthetic"})
+        buf.add_transitions([dreamt])
+        tasked = buf.retrieve(query_state, action, k=3, task="cook task A")
+        assert [h.traj_id for h in tasked][2] == "dream0" and {h.traj_id for h in tasked[:2]} == {"own0", "own1"}
+        assert buf.retrieve(query_state, action, k=1, same_action_first=True)[0].traj_id == "dream0"  # φ's nearest
+        assert buf.retrieve(query_state, action, k=1, task="cook task A", exclude_traj="own0",
+                            source="synthetic")[0].traj_id == "dream0"  # a source filter still holds
     with ReplayBuffer.open(tmp_path / "b", HashingEncoder(64), config=config) as buf:  # rebuilt on reopen
         assert {h.traj_id for h in buf.retrieve(query_state, action, k=2, task="cook task A")} == {"own0", "own1"}
         with pytest.raises(ValueError, match="task_actions"):

@@ -232,7 +232,8 @@ class ProtocolConfig(BaseModel):
     # in training (another episode's) and in the dream alike, headed "(i) same task and action". What a TextWorld game
     # hides until an action shows it (what its fridge holds) is the same whenever the game takes that action, but φ
     # of a dreamt state found the game's own rows for 2 of 166 dreamt opens the data never took from that state
-    # (it opened the same container in the same game for 126).
+    # (it opened the same container in the same game for 126). Of those rows the real ones come first: the dream's
+    # own rows of the task, which go back into the buffer, only after them.
     task_neighbours: bool = False
     # Each neighbour's next state is shown as the lines its state lacks (added_lines: an element its state lists
     # under any id is not new), so that it fits: a whole TextWorld page is ~300 tokens of a 512-token prompt budget,

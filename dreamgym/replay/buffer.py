@@ -248,7 +248,8 @@ class ReplayBuffer:
         (duplicates are stored once, under the first trajectory that added them: a transition another trajectory
         also recorded is that trajectory's too). ``same_action_first``: the stored transitions that took the
         query's very action (the same text) come first, most similar first, then the rest by similarity. ``tasks``
-        (one task instruction per query): before those, the ones recorded in the query's task.
+        (one task instruction per query): before those, the ones recorded in the query's task, its real ones first
+        (a dream's online rows of the task come after what the game itself showed)
         """
         if not queries:
             return []
@@ -324,9 +325,9 @@ class ReplayBuffer:
         # the last put in front comes first: the task's rows of the action, then the action's rows, then the rest
         if actions is not None:
             self._put_first(queries, actions, self.store.action_rows, k, out, env_code, source_code, excluded)
-        if task_actions is not None:
+        if task_actions is not None:  # the real rows of the task's action first: what the game showed, not a dream
             self._put_first(queries, task_actions, self.store.task_action_rows, k, out, env_code, source_code,
-                            excluded)
+                            excluded, first_source=self.store.sources.codes.get("real", -1))
         return out
 
     def _approximate(
@@ -364,10 +365,12 @@ class ReplayBuffer:
     def _put_first(
         self, queries: np.ndarray, groups: Sequence[Any], rows_of: dict[Any, list[int]], k: int,
         out: list[list[tuple[int, float]]], env_code: int | None, source_code: int | None, excluded: list[set[int]],
+        first_source: int | None = None,
     ) -> None:
         """Put in front of each query's hits (in place) its best k rows among ``rows_of[its group]`` (the rows that
         took its action, or its task's rows of that action), by exact cosine over those rows (the queries of one
-        group share one gather), filters and exclusions applied."""
+        group share one gather), filters and exclusions applied; with ``first_source`` (a source code) the rows of
+        that source before the others."""
         vectors = self.store.embeddings()
         by_group: dict[Any, list[int]] = {}
         for qi, group in enumerate(groups):
@@ -383,9 +386,11 @@ class ReplayBuffer:
             if rows.size == 0:
                 continue
             scores = queries[qis] @ np.asarray(vectors[rows]).T
+            other = (np.zeros(rows.size, dtype=bool) if first_source is None
+                     else self.store.source_codes.values[rows] != first_source)
             for j, qi in enumerate(qis):
                 same: list[tuple[int, float]] = []
-                for p in np.argsort(-scores[j], kind="stable"):
+                for p in np.lexsort((-scores[j], other)):  # the first source first, then by similarity
                     if int(rows[p]) not in excluded[qi]:
                         same.append((int(rows[p]), float(scores[j, p])))
                         if len(same) == k:
