@@ -17,7 +17,10 @@ the real game pays only for eating one made with none missing. And its ``open X`
 offers to take a recipe ingredient from X: what a container holds is hidden until opened, so a dream that invents
 it can hide the recipe from the policy (the real game's data says how often opening reveals one). Steps the dream
 recalled from the offline data (``DreamConfig.recall``: marked ``recalled`` in their info) are counted apart, and the
-generated opens (M_exp's own pages) that offered an ingredient. And the
+generated opens (M_exp's own pages) that offered an ingredient; where the run's ``config.yaml`` names its real data
+(``dream.offline_data``), the generated opens the data also made in the same game, and how many offered exactly
+the recipe ingredients a recorded one did, beside what "no ingredient" and "every ingredient" would match (a dream
+that writes the recipe into every container is not reading the game). And the
 valid, non-final steps that changed nothing but their feedback by the env's own reading of the two pages
 (``TextEnv.had_effect``; what ``RLConfig.no_effect_penalty`` charges), the ``prepare meal`` ones apart. And how the
 last iteration's episodes ended (``last_endings``: the last command's first word, won / lost / unfinished).
@@ -26,6 +29,7 @@ last iteration's episodes ended (``last_endings``: the last command's first word
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -125,17 +129,45 @@ def steps_without_effect(trajs: list[tuple[str, dict[str, Any]]]) -> dict[str, i
     return counts
 
 
-def meal_verdicts(trajs: list[tuple[str, dict[str, Any]]]) -> dict[str, int] | None:
+Reveals = dict[tuple[str, str], set[frozenset[str]]]
+
+
+def recorded_reveals(trajs: list[tuple[str, dict[str, Any]]]) -> Reveals:
+    """What the real game showed: per (task instruction, ``open X``), each set of recipe ingredients that one of the
+    data's opens offered to take from X (a container's contents change only when the player moves them)."""
+    from dreamgym.envs.textworld.explain import recipe_ingredients, revealed_ingredients
+
+    out: Reveals = {}
+    for where, traj in trajs:
+        try:
+            instruction = str((traj.get("task") or {}).get("instruction", ""))
+            needed = recipe_ingredients(instruction)
+            for x in traj["transitions"] if needed else []:
+                revealed = revealed_ingredients(str(x["state"]), str(x["action"]), str(x["next_state"]), needed)
+                if revealed is not None:
+                    out.setdefault((instruction, str(x["action"])), set()).add(frozenset(revealed))
+        except (KeyError, TypeError, AttributeError) as e:
+            raise BadInput(f"{where}: not a trajectory ({e})") from None
+    return out
+
+
+def meal_verdicts(trajs: list[tuple[str, dict[str, Any]]], recorded: Reveals | None = None) -> dict[str, int] | None:
     """TextWorld's ``prepare meal`` steps by (every recipe ingredient carried, meal made), and the paid episodes by
-    the meals they made; None where no episode's task names a recipe or no step prepares a meal."""
+    the meals they made; None where no episode's task names a recipe or no step prepares a meal. With ``recorded``
+    (:func:`recorded_reveals` of the real data), the generated opens that the data also made in their game, and of
+    those the ones that offered exactly the recipe ingredients a recorded one did, beside what two answers that
+    read nothing would match: no ingredient, and every ingredient of the recipe."""
     from dreamgym.envs.textworld.explain import meal_outcome, recipe_ingredients, revealed_ingredients
 
     counts = {"ready_made": 0, "ready_refused": 0, "missing_made": 0, "missing_refused": 0,
               "paid_episodes": 0, "paid_after_ready_meal": 0, "paid_after_missing_meal_only": 0, "paid_without_meal": 0,
-              "opens": 0, "opens_revealing_ingredient": 0, "opens_recalled": 0, "opens_generated_revealing": 0}
+              "opens": 0, "opens_revealing_ingredient": 0, "opens_recalled": 0, "opens_generated_revealing": 0,
+              "opens_generated_on_record": 0, "opens_generated_as_recorded": 0, "opens_as_recorded_if_none": 0,
+              "opens_as_recorded_if_all": 0}
     for where, traj in trajs:
         try:
-            needed = recipe_ingredients(str((traj.get("task") or {}).get("instruction", "")))
+            instruction = str((traj.get("task") or {}).get("instruction", ""))
+            needed = recipe_ingredients(instruction)
             steps = [(str(x["state"]), str(x["action"]), str(x["next_state"]), _recalled(x))
                      for x in (traj["transitions"] if needed else [])]
         except (KeyError, TypeError, AttributeError) as e:
@@ -151,6 +183,12 @@ def meal_verdicts(trajs: list[tuple[str, dict[str, Any]]]) -> dict[str, int] | N
                 counts["opens_revealing_ingredient"] += bool(revealed)
                 counts["opens_recalled"] += recalled
                 counts["opens_generated_revealing"] += bool(revealed) and not recalled  # M_exp's own pages
+                truth = None if recalled or recorded is None else recorded.get((instruction, action))
+                if truth:
+                    counts["opens_generated_on_record"] += 1
+                    counts["opens_generated_as_recorded"] += frozenset(revealed) in truth
+                    counts["opens_as_recorded_if_none"] += frozenset() in truth
+                    counts["opens_as_recorded_if_all"] += frozenset(needed) in truth
         if needed and traj.get("success"):  # the real game pays only for eating a meal made with none missing
             counts["paid_episodes"] += 1
             counts["paid_after_ready_meal" if "ready" in made else "paid_after_missing_meal_only" if made
@@ -173,11 +211,12 @@ def signal(run: Path) -> dict[str, Any]:
     summary_path = run / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     trajs = read_rollouts(run / "rollouts")
+    recorded = _recorded_of(tuple(_offline_data(run)))
     return {"run": str(run), "iterations": per_iter,
             "mean_success": round(statistics.fmean(successes), 4) if successes else None,
             "groups": groups, "zero_variance_groups": flat,
             "zero_variance_share": round(flat / groups, 4) if groups else None,
-            "wm2real": summary.get("wm2real"), **_page_counts(trajs, "rollout_pages"),
+            "wm2real": summary.get("wm2real"), **_page_counts(trajs, "rollout_pages", recorded),
             "last_endings": last_endings(trajs) if trajs else None}
 
 
@@ -196,9 +235,33 @@ def last_endings(trajs: list[tuple[str, dict[str, Any]]]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-def _page_counts(trajs: list[tuple[str, dict[str, Any]]] | None, key: str) -> dict[str, Any]:
+def _offline_data(run: Path) -> list[str]:
+    """The real data a dream run was given (its ``config.yaml``'s ``dream.offline_data``); [] for another run."""
+    import yaml
+
+    try:
+        config = yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else {}
+        paths = ((config or {}).get("dream") or {}).get("offline_data") or []
+    except (yaml.YAMLError, AttributeError) as e:
+        raise BadInput(f"{run / 'config.yaml'}: not an RL config ({str(e).splitlines()[0]})") from None
+    return [str(x) for x in paths] if isinstance(paths, list) else []
+
+
+@functools.cache
+def _recorded_of(paths: tuple[str, ...]) -> Reveals | None:
+    """:func:`recorded_reveals` of the files (read once for every run given them); None without files."""
+    trajs = []
+    for path in paths:
+        if (read := read_rollouts(Path(path))) is None:
+            raise BadInput(f"{path}: the run's offline data is not there")
+        trajs += read
+    return recorded_reveals(trajs) if trajs else None
+
+
+def _page_counts(trajs: list[tuple[str, dict[str, Any]]] | None, key: str,
+                 recorded: Reveals | None = None) -> dict[str, Any]:
     return {key: repeated_pages(trajs) if trajs is not None else None,
-            "meals": meal_verdicts(trajs) if trajs is not None else None,
+            "meals": meal_verdicts(trajs, recorded) if trajs is not None else None,
             "no_effect": steps_without_effect(trajs) if trajs is not None else None}
 
 
@@ -211,7 +274,11 @@ def _meals_text(m: dict[str, int] | None) -> str:
             f"episodes {m['paid_after_ready_meal']} made a meal with none missing, {m['paid_after_missing_meal_only']} "
             f"only with one missing, {m['paid_without_meal']} none; {m['opens_revealing_ingredient']} of {m['opens']} "
             f"opens offered a recipe ingredient ({m['opens_recalled']} opens recalled; "
-            f"{m['opens_generated_revealing']} of the {m['opens'] - m['opens_recalled']} generated offered one)")
+            f"{m['opens_generated_revealing']} of the {m['opens'] - m['opens_recalled']} generated offered one)"
+            + (f"; of {m['opens_generated_on_record']} generated opens the data also made in their game, "
+               f"{m['opens_generated_as_recorded']} offered the ingredients a recorded one did (no ingredient would "
+               f"match {m['opens_as_recorded_if_none']}, every one {m['opens_as_recorded_if_all']})"
+               if m["opens_generated_on_record"] else ""))
 
 
 def _no_effect_text(c: dict[str, int] | None) -> str:

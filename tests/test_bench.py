@@ -551,6 +551,10 @@ def test_dream_signal_counts_the_groups_grpo_cannot_learn_from(tmp_path: Path) -
     paid_no_meal = {"task": recipe["task"], "success": True, "transitions": recipe["transitions"][2:3]}
     (run / "rollouts" / "iter_00003.jsonl").write_text(json.dumps(recipe) + "\n" + json.dumps(paid_anyway) + "\n"
                                                           + json.dumps(paid_no_meal) + "\n")
+    # the run's real data (config.yaml's dream.offline_data): this game's fridge, opened, offered the milk
+    real = {"task": recipe["task"], "transitions": [recipe["transitions"][6]]}
+    (tmp_path / "real.jsonl").write_text(json.dumps(real) + "\n")
+    (run / "config.yaml").write_text(f"dream: {{offline_data: [{tmp_path / 'real.jsonl'}]}}\n")
     out = tmp_path / "signal.json"
     done = subprocess.run([sys.executable, str(script), str(run), "--out", str(out)], capture_output=True, text=True,
                           timeout=120)
@@ -565,10 +569,15 @@ def test_dream_signal_counts_the_groups_grpo_cannot_learn_from(tmp_path: Path) -
     assert report["meals"] == {"ready_made": 1, "ready_refused": 0, "missing_made": 2, "missing_refused": 1,
                                "paid_episodes": 3, "paid_after_ready_meal": 1, "paid_after_missing_meal_only": 1,
                                "paid_without_meal": 1, "opens": 4, "opens_revealing_ingredient": 2,
-                               "opens_recalled": 1, "opens_generated_revealing": 1}
+                               "opens_recalled": 1, "opens_generated_revealing": 1,
+                               # of the 3 generated opens (all on record) only the one offering the milk reads the
+                               # game; "no ingredient" and "every ingredient" (egg and milk) match none
+                               "opens_generated_on_record": 3, "opens_generated_as_recorded": 1,
+                               "opens_as_recorded_if_none": 0, "opens_as_recorded_if_all": 0}
     assert "meals made with an ingredient missing 2 of 3 such prepares" in done.stdout
-    assert ("2 of 4 opens offered a recipe ingredient (1 opens recalled; 1 of the 3 generated offered one)"
-            in done.stdout)
+    assert ("2 of 4 opens offered a recipe ingredient (1 opens recalled; 1 of the 3 generated offered one); of 3 "
+            "generated opens the data also made in their game, 1 offered the ingredients a recorded one did (no "
+            "ingredient would match 0, every one 0)" in done.stdout)
     # TextWorld's reading of each step (TextEnv.had_effect): only the refused prepare changed nothing but the
     # feedback (the pages of iter_00001, whose task names no env, are not read)
     assert report["no_effect"] == {"steps": 10, "no_effect": 1, "prepare_meal": 4, "prepare_meal_no_effect": 1}
@@ -576,6 +585,10 @@ def test_dream_signal_counts_the_groups_grpo_cannot_learn_from(tmp_path: Path) -
     data = subprocess.run([sys.executable, str(script), str(run), "--data", str(run / "rollouts" / "iter_00001.jsonl"),
                            "--data", str(tmp_path / "nothing.jsonl")], capture_output=True, text=True, timeout=120)
     assert data.returncode == 2 and "nothing.jsonl: no such trajectory file" in data.stderr
+    (tmp_path / "real.jsonl").unlink()  # the run's real data gone: a one-line error, not a silent count
+    gone = subprocess.run([sys.executable, str(script), str(run)], capture_output=True, text=True, timeout=120)
+    assert gone.returncode == 2 and "offline data is not there" in gone.stderr
+    (run / "config.yaml").unlink()
     (run / "rollouts" / "iter_00002.jsonl").write_text("{not json\n")
     bad = subprocess.run([sys.executable, str(script), str(run)], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "iter_00002.jsonl:1: not a trajectory" in bad.stderr
