@@ -598,6 +598,62 @@ def test_dream_signal_counts_the_groups_grpo_cannot_learn_from(tmp_path: Path) -
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
 
 
+def test_open_probe_asks_m_exp_the_dreams_generated_opens_the_real_data_also_made(tmp_path: Path) -> None:
+    """benchmarks/open_probe.py: the probes are a dream's generated (not recalled) ``open X`` steps in games whose real
+    data opened X; each M_exp's page is scored against the recorded opens, beside "no ingredient" and "every
+    ingredient"; a second M_exp is paired with the first; a run without real data is a one-line error (exit 2)."""
+    from dreamgym.experience.protocol import ProtocolConfig
+    from dreamgym.experience.train import train_experience_model
+    from dreamgym.replay import HashingEncoder, ReplayBuffer
+    from dreamgym.sft import SFTConfig
+    from dreamgym.types import Task, Trajectory, Transition, write_jsonl
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "open_probe.py"
+    cook = "Cook! (ingredients: egg (fried), milk)"
+    kitchen = "location: Kitchen\n[i1] carrying: an egg\n[c1] command: open fridge\n[c2] command: open cupboard"
+
+    def traj(i: int, instruction: str, steps: list[tuple[str, str]], info: dict[str, Any] | None = None) -> Trajectory:
+        return Trajectory(traj_id=f"T{i}", task=Task(task_id=instruction, instruction=instruction, env="textworld"),
+                          transitions=[Transition(state=kitchen, action=a, next_state=f"{kitchen}\n{page}", reward=0.0,
+                                                  done=False, info=info or {}) for a, page in steps])
+
+    milk = "[c3] command: take milk from fridge"
+    real = [traj(0, cook, [("open fridge", milk)]), traj(1, cook, [("open fridge", milk)])]
+    write_jsonl(tmp_path / "real.jsonl", real)
+    run = tmp_path / "dream"
+    (run / "rollouts").mkdir(parents=True)
+    (run / "config.yaml").write_text(f"dream: {{offline_data: [{tmp_path / 'real.jsonl'}]}}\n")
+    write_jsonl(run / "rollouts" / "iter_00001.jsonl", [
+        traj(2, cook, [("open fridge", "[c3] command: close fridge")]),  # a probe: generated, the data opened it
+        traj(3, cook, [("open fridge", milk)], info={"recalled": True}),  # recalled: not M_exp's page
+        traj(4, cook, [("open cupboard", "[c3] command: close cupboard")]),  # the data never opened the cupboard
+        traj(5, "Look around.", [("open fridge", milk)])])  # no recipe
+    seed = tmp_path / "seed0"
+    sft = SFTConfig(max_steps=1, batch_size=2, max_length=512, num_threads=1, save_steps=100000)
+    train_experience_model([tmp_path / "real.jsonl"], "micro", seed / "experience_model",
+                           ProtocolConfig(k=1, reasoning=False, task_neighbours=True), sft, vocab_size=512)
+    with ReplayBuffer.open(seed / "buffer", HashingEncoder()) as buffer:
+        buffer.add_trajectories(real)
+    out = tmp_path / "probe.json"
+    done = subprocess.run([sys.executable, str(script), str(seed), str(seed), "--rollouts", str(run), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert report["probes"] == 1 and [r["probes"] for r in report["seeds"]] == [1, 1]
+    first, second = report["seeds"]
+    assert (first["if_none"], first["if_all"]) == (0, 0)  # the fridge held the milk alone
+    assert first["as_recorded"] == second["as_recorded"] in (0, 1) and first["protocol"]["task_neighbours"] is True
+    assert second["vs_first"] == {"won": 0, "lost": 0, "sign_test_p": 1.0}  # the same M_exp, the same pages
+    assert "of 1 dreamt opens offered the ingredients a recorded open did" in done.stdout
+    (run / "config.yaml").unlink()
+    bad = subprocess.run([sys.executable, str(script), str(seed), "--rollouts", str(run)], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "not a dream run" in bad.stderr and "Traceback" not in bad.stderr
+    no_model = subprocess.run([sys.executable, str(script), str(tmp_path), "--rollouts", str(run)],
+                              capture_output=True, text=True, timeout=120)
+    assert no_model.returncode == 2 and len(no_model.stderr.strip().splitlines()) == 1
+
+
 def test_dream_neighbours_counts_the_dreamt_opens_recall_or_the_tasks_rows_could_answer(tmp_path: Path) -> None:
     """benchmarks/dream_neighbours.py: of the dreamt ``open`` steps, those the data recorded (recall answers them),
     and of the rest those whose game opened the same container elsewhere, with how often retrieval finds it; a run
