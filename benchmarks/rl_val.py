@@ -20,6 +20,12 @@ dream row, its dream), with ``--env-arg`` overriding env_kwargs (e.g. more val g
     .venv/bin/python benchmarks/rl_val.py --init runs/onpath/p-s0 --field lr --values 3e-4 --set action_masking=true \
         --set tasks_per_iter=32 --set group_size=4 --iterations 10 --seeds 0 1 2 --against-start \
         --work runs/rl_val_onpath --out benchmarks/results/rl_val_onpath_masking_wide.json
+    # a dream setting (DreamConfig field) for every run: TextWorld's opens answered by the recorded effect
+    .venv/bin/python benchmarks/rl_val.py --config runs/twcw/seed0/dreamgym/config.yaml \
+        --dream-buffer runs/twcw/seed0/buffer --init runs/twcw/seed0/sft --env-arg num_val_games=100 \
+        --field no_effect_penalty --values 0 --dream-set recall_effects=true --seeds 0 1 2 --against-start \
+        --eval-episodes 100 --set num_threads=1 --work runs/rl_val_ne \
+        --out benchmarks/results/rl_val_textworld_recall_effects.json
     # where GRPO's invalid-action penalty goes (item 8): episode (in the return, shared by the episode's turns)
     # or step (on the invalid turn's own advantage, as verl-agent does)
     .venv/bin/python benchmarks/rl_val.py --init runs/bench/seed0/sft --field invalid_penalty_mode \
@@ -60,9 +66,10 @@ VAL_ENV = {"val_fraction": 0.1}  # the shop's env_kwargs with a val split
 def run(args: argparse.Namespace, value: Any, seed: int, start: bool = False) -> list[dict[str, Any]]:
     """The per-task outcomes of the run's final evaluation, or with ``start`` of its initial policy's."""
     fixed = "".join(f"+{k}={v}" for k, v in args.fixed.items())
+    fixed += "".join(f"+dream.{k}={v}" for k, v in args.dream_fixed.items())
     out = args.work / f"{args.field}={value}{fixed}-s{seed}"
     if not (out / "summary.json").exists():
-        dream = dict(args.base.get("dream") or {})
+        dream = {**(args.base.get("dream") or {}), **args.dream_fixed}
         if dream.get("buffer") or args.dream_buffer:  # each run adds its rollouts to its own copy of the buffer
             copy_dream_buffer(Path(args.dream_buffer or dream["buffer"]), out / "dream_buffer", out)
             dream["buffer"] = str(out / "dream_buffer")
@@ -122,6 +129,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="FIELD=VALUE",
                     help="an RLConfig field (YAML value) fixed for every run, e.g. action_masking=true; repeatable")
+    ap.add_argument("--dream-set", dest="dream_sets", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a DreamConfig field (YAML value) of the config's dream, e.g. recall_effects=true; repeatable")
     args = ap.parse_args()
     if args.field not in RLConfig.model_fields:
         fail(f"error: unknown RLConfig field {args.field!r}")
@@ -149,6 +158,15 @@ def main() -> None:
         if not eq or key not in RLConfig.model_fields or key == args.field:
             fail(f"error: --set expects FIELD=VALUE with an RLConfig field other than --field, got {item!r}")
         args.fixed[key] = yaml.safe_load(text)
+    from dreamgym.experience.dream import DreamConfig
+
+    args.dream_fixed = {}
+    for item in args.dream_sets:
+        key, eq, text = item.partition("=")
+        if not eq or key not in DreamConfig.model_fields or not args.base.get("dream"):
+            fail(f"error: --dream-set expects FIELD=VALUE with a DreamConfig field, for a --config with a dream, "
+                 f"got {item!r}")
+        args.dream_fixed[key] = yaml.safe_load(text)
     seen = seen_val_targets(args.init, str(args.base.get("env", "shop")))
     if seen and seen["seen_in_init_data"]:
         print(f"warning: {args.init} was cloned on {seen['seen_in_init_data']} of the {seen['val_targets']} val target "
@@ -170,7 +188,9 @@ def main() -> None:
         "command": shlex.join(["python", *sys.argv]), "init": str(args.init), "field": args.field,
         "seeds": args.seeds, "iterations": args.iterations, "split": "val", "eval_episodes": args.eval_episodes,
         "env": args.base.get("env", "shop"), "env_kwargs": args.base["env_kwargs"],
-        "rl": {k: v for k, v in {**args.base, **args.fixed}.items() if k not in ("env", "env_kwargs")}, "reference": ref,
+        "rl": {k: v for k, v in {**args.base, **args.fixed, **({"dream": {**args.base["dream"], **args.dream_fixed}}
+                                                                if args.dream_fixed else {})}.items()
+               if k not in ("env", "env_kwargs")}, "reference": ref,
         "init_val_targets": seen, "values": {},
     }
     for v in per:

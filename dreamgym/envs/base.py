@@ -309,6 +309,11 @@ class EnvSpec:
       the env's ``explainer`` computes from the query alone (TextWorld: which recipe ingredients are carried and
       which are missing), None where there is none. Used by M_exp with ``ProtocolConfig.computed_premises``: the
       model writes its trace on from it. Without it the model writes the whole trace.
+    * ``recorded_effect``: ``(state, action, recorded_state, recorded_next_state) -> str | None``, the page the env
+      shows for ``action`` from ``state``, carried over from a real step of the same task that took ``action`` from
+      another state, for actions whose effect that difference does not change (TextWorld: opening a container shows
+      what it holds; :mod:`dreamgym.envs.textworld.effects`), None where it cannot say. Used by the dream's recall
+      with ``DreamConfig.recall_effects``. Without it only exactly recorded steps are recalled.
     * ``demo_defaults``: :class:`~dreamgym.pipeline.DemoConfig` fields this env needs when a config does not
       give them (e.g. its constructor's ``env_kwargs``).
     """
@@ -323,6 +328,7 @@ class EnvSpec:
     decision_step: Ref | None = None
     trace_checker: Ref | None = None
     trace_premise: Ref | None = None
+    recorded_effect: Ref | None = None
     demo_defaults: Mapping[str, Any] = field(default_factory=dict)
 
     def load(self, what: str) -> Any:

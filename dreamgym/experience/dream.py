@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dreamgym.envs.base import TextEnv
 from dreamgym.envs.pool import PoolHooks, StepResult, info_essentials
-from dreamgym.experience.model import ExperienceModel, read_experience_config
+from dreamgym.experience.model import ExperienceModel, env_hook, read_experience_config
 from dreamgym.experience.protocol import ExperiencePrediction, ExperienceQuery
 from dreamgym.experience.recall import Recall
 from dreamgym.types import Source, Task, Trajectory, Transition
@@ -292,6 +292,10 @@ class DreamConfig(BaseModel):
                          "action) is answered as the real env answered it, not generated: the memory of its "
                          "training data that an LLM M_exp has and the 1.3M one lacks (dreamgym.experience.recall); "
                          "counted (recalled) and marked in the step's info")
+    recall_effects: bool = Field(default=False, description="with recall, a step the offline data took in the same "
+                                 "task from another state is answered by the env's rule for what the action shows "
+                                 "(EnvSpec.recorded_effect; TextWorld: opening a container shows what it holds), "
+                                 "where the rule can say; counted (recalled_effects)")
     device: str = "cpu"
 
 
@@ -325,7 +329,8 @@ def load_dream(cfg: DreamConfig, env: str, env_kwargs: dict[str, Any], read_only
         exp_cfg = exp_cfg.with_protocol(**protocol)
     model = ExperienceModel.load(cfg.experience_model, buffer=buffer, cfg=exp_cfg.model_copy(update=overrides),
                                  device=cfg.device)
-    model.recall = Recall.of(offline) if cfg.recall else None
+    effect = env_hook(env, "recall_effects", "recorded_effect") if cfg.recall and cfg.recall_effects else None
+    model.recall = Recall.of(offline, effect) if cfg.recall else None
     return model, make(env, **env_kwargs), InitialStates.from_trajectories(offline)
 
 

@@ -392,7 +392,8 @@ class ExperienceModel:
         if self.premise is not None:
             out |= {"premised": self.premised}
         if self.recall is not None:
-            out |= {"recalled": self.recalled}
+            out |= {"recalled": self.recalled, **({"recalled_effects": self.recall.effects}
+                                                  if self.recall.effect is not None else {})}
         if self.reward_head is not None:
             out |= {"head_rewards": self.head_rewards, "head_changed_rewards": self.head_changed}
         return out

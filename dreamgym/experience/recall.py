@@ -13,6 +13,12 @@ outcome, made from the real trajectories the dream already holds (its ``offline_
 asks it before the model and generates only the rest (``DreamConfig.recall``), counting ``recalled`` steps; the
 dream marks them in their step info. No real transition is consumed: the table holds only the offline data.
 
+With an env's recorded effect (``EnvSpec.recorded_effect``, ``DreamConfig.recall_effects``) a step the data never
+took from this state, but took in the same task from another one, is answered by that rule from the first such
+record, where the rule can say (TextWorld: what opening a container shows; the dream's own opens wrote the recorded
+contents in 140 of 386 with the same game's open in the prompt, as many as "no ingredient" would:
+benchmarks/results/open_probe_textworld_neighbour.json). Also marked ``recalled``, counted apart (``effects``).
+
 Where the data recorded one query with several outcomes (TextWorld's pages list at most ``max_commands`` commands, so
 which ones a page shows can depend on what lies elsewhere; an ending's text counts the turns), the most frequent
 outcome is kept, the first recorded among equals.
@@ -21,27 +27,33 @@ outcome is kept, the first recorded among equals.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dreamgym.experience.protocol import ExperienceQuery, terminated
 from dreamgym.types import ExperiencePrediction, Trajectory
 
 Key = tuple[str, str, str]  # (task instruction, state, action)
 Outcome = tuple[str, float, bool, bool]  # (next state, reward, done, success)
+Effect = Callable[[str, str, str, str], "str | None"]  # EnvSpec.recorded_effect
 
 
 class Recall:
-    """The recorded outcome of each (task, state, action) of a set of real trajectories."""
+    """The recorded outcome of each (task, state, action) of a set of real trajectories; with ``effect``, the
+    env's rule applied to a record of the same (task, action) from another state (the first one recorded that was
+    not an ending)."""
 
-    def __init__(self, table: dict[Key, Outcome]) -> None:
-        self.table = table
+    def __init__(self, table: dict[Key, Outcome], effect: Effect | None = None,
+                 by_action: dict[tuple[str, str], tuple[str, str, float]] | None = None) -> None:
+        self.table, self.effect, self.by_action = table, effect, by_action or {}
+        self.effects = 0  # answers by the effect rule
 
     @classmethod
-    def of(cls, trajs: Sequence[Trajectory]) -> Recall:
+    def of(cls, trajs: Sequence[Trajectory], effect: Effect | None = None) -> Recall:
         """The table of the real trajectories among ``trajs`` (synthetic ones are left out). ``done`` is
         :func:`~dreamgym.experience.protocol.terminated`, as in M_exp's targets (a step-limit cut is no ending);
         ``success`` the episode's, on its final step only."""
         seen: dict[Key, Counter[Outcome]] = {}
+        by_action: dict[tuple[str, str], tuple[str, str, float]] = {}
         for traj in trajs:
             if traj.source != "real":
                 continue
@@ -50,16 +62,24 @@ class Recall:
                 done = terminated(x)
                 outcome = (x.next_state, float(x.reward), done, bool(traj.success and done and t == last))
                 seen.setdefault((traj.task.instruction, x.state, x.action), Counter())[outcome] += 1
+                if effect is not None and not done:
+                    by_action.setdefault((traj.task.instruction, x.action), (x.state, x.next_state, float(x.reward)))
         # Counter.most_common keeps insertion order among equal counts: the first recorded wins a tie
-        return cls({key: counts.most_common(1)[0][0] for key, counts in seen.items()})
+        return cls({key: counts.most_common(1)[0][0] for key, counts in seen.items()}, effect, by_action)
 
     def __len__(self) -> int:
         return len(self.table)
 
     def __call__(self, query: ExperienceQuery) -> ExperiencePrediction | None:
-        """The recorded answer to ``query`` (marked ``recalled``), or None where the data never took this step."""
+        """The recorded answer to ``query`` (marked ``recalled``), or None where the data never took this step (nor,
+        with an effect rule, one the rule carries over)."""
         outcome = self.table.get((query.instruction, query.state, query.action))
-        if outcome is None:
+        if outcome is not None:
+            next_state, reward, done, success = outcome
+            return ExperiencePrediction(None, next_state, reward, done, success, recalled=True)
+        record = self.by_action.get((query.instruction, query.action)) if self.effect is not None else None
+        page = None if record is None or self.effect is None else self.effect(query.state, query.action, *record[:2])
+        if record is None or page is None:
             return None
-        next_state, reward, done, success = outcome
-        return ExperiencePrediction(None, next_state, reward, done, success, recalled=True)
+        self.effects += 1
+        return ExperiencePrediction(None, page, record[2], False, False, recalled=True)
