@@ -34,6 +34,28 @@ def test_recall_keeps_the_most_frequent_outcome_and_only_real_endings() -> None:
     assert cut is not None and not cut.done and not cut.success  # a step-limit cut is no ending, as in the targets
 
 
+def test_an_effect_rule_carries_a_recorded_action_over_to_another_state_of_the_task() -> None:
+    """With an env's ``recorded_effect`` a step the data took in the same task from another state is answered by the
+    rule from the first non-final record (marked recalled, counted); an exact record still comes first; another task,
+    an ending, a synthetic record or a rule that cannot say leaves the step to the model."""
+    def effect(state: str, action: str, recorded_state: str, recorded_next: str) -> str | None:
+        return None if "locked" in state else f"{state} + ({recorded_next} - {recorded_state})"
+
+    a = ("kitchen", "open kettle", "kettle open, it holds water", 0.0, False)
+    end = ("kettle open", "drink tea", "you drink the tea", 1.0, True)
+    dreamt = ("kettle open", "drink tea", "you spill it", 0.0, False)
+    recall = Recall.of([_traj("1", [a, end], success=True), _traj("2", [dreamt], source="synthetic")], effect)
+    carried = recall(ExperienceQuery("make tea", [], [], "hall", "open kettle"))
+    assert carried is not None and carried.recalled and not carried.done and carried.reasoning is None
+    assert carried.next_state == "hall + (kettle open, it holds water - kitchen)" and recall.effects == 1
+    exact = recall(ExperienceQuery("make tea", [], [], "kitchen", "open kettle"))
+    assert exact is not None and exact.next_state == a[2] and recall.effects == 1  # the record itself
+    assert recall(ExperienceQuery("make coffee", [], [], "hall", "open kettle")) is None  # another task
+    assert recall(ExperienceQuery("make tea", [], [], "hall", "drink tea")) is None  # only an ending recorded
+    assert recall(ExperienceQuery("make tea", [], [], "locked hall", "open kettle")) is None  # the rule cannot say
+    assert Recall.of([_traj("1", [a])])(ExperienceQuery("make tea", [], [], "hall", "open kettle")) is None  # no rule
+
+
 def test_written_rollouts_say_which_dreamt_steps_were_recalled() -> None:
     """The trainer writes its episodes (``rollouts/``) with the dream's flags, which dream_signal.py counts."""
     from dreamgym.rl.rollout import Episode, Turn

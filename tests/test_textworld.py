@@ -351,6 +351,39 @@ def test_checked_verdicts_refuse_a_dreamt_meal_that_the_recipe_trace_finds_short
     env.close()
 
 
+def test_open_effect_writes_the_page_the_game_shows_from_another_open_of_the_same_container(cache_dir: Path) -> None:
+    """``TextWorldEnv.recorded_effect``: an ``open X`` of one episode, carried over to another episode's open of X in
+    the same game from another state, gives the page the game showed there (its contents, its ``close``, an ``insert``
+    per carried item) for most opens, and a different page only where the cap hid a command; other actions, and
+    records that did not open X, say nothing."""
+    env = make("textworld", **TWO_INGREDIENTS, cache_dir=str(cache_dir / "probe"))
+    assert isinstance(env, TextWorldEnv)
+    opens: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    try:
+        for task in env.tasks("train"):
+            for seed in range(6):
+                traj = run_episode(env, env.scripted_policy("noisy", seed=seed, noise=0.5), task, seed=seed)
+                for x in traj.transitions:
+                    if x.action.startswith("open ") and not x.info.get("invalid_action"):
+                        opens.setdefault((task.task_id, x.action), []).append((x.state, x.next_state))
+        pairs = [(key[1], a, b) for key, rows in opens.items() for a in rows for b in rows if a[0] != b[0]]
+        assert len(pairs) >= 4
+        exact = 0
+        for action, (state, real_next), (other_state, other_next) in pairs:
+            page = env.recorded_effect(state, action, other_state, other_next)
+            assert page is not None and page.splitlines()[1] == real_next.splitlines()[1]  # the game's feedback
+            exact += page == real_next
+        assert exact >= 0.75 * len(pairs), (exact, len(pairs))
+        action, (state, _), (other_state, other_next) = pairs[0]
+        assert env.recorded_effect(state, "take egg from fridge", other_state, other_next) is None
+        assert env.recorded_effect(state, "open nothing", other_state, other_next) is None  # neither page offers it
+        assert env.recorded_effect(state, action, other_next, other_next) is None  # a record that did not open it
+    finally:
+        env.close()
+    # the dream's real env is asked; an env without a rule cannot serve recall_effects
+    assert make("shop").recorded_effect("s", "click[x]", "s", "t") is None
+
+
 def test_the_experience_model_resamples_a_win_the_checker_rejects_then_serves_the_failure_state() -> None:
     """With ``checked_verdicts`` a TextWorld M_exp that answers ``open oven`` with the game's ending is resampled,
     and, still winning after its resamples, serves the failure state (the page unchanged, reward 0, not done),

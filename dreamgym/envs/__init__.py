@@ -71,7 +71,6 @@ register(  # needs dreamgym[textworld]
     explainer="dreamgym.envs.textworld.explain:explain_trajectory",
     trace_premise="dreamgym.envs.textworld.explain:trace_premise",
     trace_checker="dreamgym.envs.textworld.recheck:recheck_step",
-    recorded_effect="dreamgym.envs.textworld.effects:open_effect",
     decision_step="dreamgym.envs.textworld.state:take_step",
 )
 

@@ -230,6 +230,13 @@ class TextEnv(gym.Env[str, str]):
         dream env asks its real env, as it does for admissible actions."""
         return None
 
+    def recorded_effect(self, state: str, action: str, recorded_state: str, recorded_next_state: str) -> str | None:
+        """The abstract state this env shows for ``action`` from ``state``, carried over from a real step of the same
+        task that took ``action`` from ``recorded_state`` to ``recorded_next_state``, for actions whose effect the
+        difference of the two states does not change (TextWorld: opening a container shows what it holds), None
+        where the env cannot say. The dream's recall answers such steps with it (``DreamConfig.recall_effects``)."""
+        return None
+
     # -- scripted policies ------------------------------------------------------------------------
     def scripted_policy(self, name: str, seed: int = 0, **kwargs: Any) -> ScriptedPolicy:
         """A scripted policy for this env by name, from its :class:`EnvSpec`'s ``policies`` (the spec it was
@@ -309,11 +316,6 @@ class EnvSpec:
       the env's ``explainer`` computes from the query alone (TextWorld: which recipe ingredients are carried and
       which are missing), None where there is none. Used by M_exp with ``ProtocolConfig.computed_premises``: the
       model writes its trace on from it. Without it the model writes the whole trace.
-    * ``recorded_effect``: ``(state, action, recorded_state, recorded_next_state) -> str | None``, the page the env
-      shows for ``action`` from ``state``, carried over from a real step of the same task that took ``action`` from
-      another state, for actions whose effect that difference does not change (TextWorld: opening a container shows
-      what it holds; :mod:`dreamgym.envs.textworld.effects`), None where it cannot say. Used by the dream's recall
-      with ``DreamConfig.recall_effects``. Without it only exactly recorded steps are recalled.
     * ``demo_defaults``: :class:`~dreamgym.pipeline.DemoConfig` fields this env needs when a config does not
       give them (e.g. its constructor's ``env_kwargs``).
     """
@@ -328,7 +330,6 @@ class EnvSpec:
     decision_step: Ref | None = None
     trace_checker: Ref | None = None
     trace_premise: Ref | None = None
-    recorded_effect: Ref | None = None
     demo_defaults: Mapping[str, Any] = field(default_factory=dict)
 
     def load(self, what: str) -> Any:

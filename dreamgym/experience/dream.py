@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dreamgym.envs.base import TextEnv
 from dreamgym.envs.pool import PoolHooks, StepResult, info_essentials
-from dreamgym.experience.model import ExperienceModel, env_hook, read_experience_config
+from dreamgym.experience.model import ExperienceModel, read_experience_config
 from dreamgym.experience.protocol import ExperiencePrediction, ExperienceQuery
 from dreamgym.experience.recall import Recall
 from dreamgym.types import Source, Task, Trajectory, Transition
@@ -294,7 +294,7 @@ class DreamConfig(BaseModel):
                          "counted (recalled) and marked in the step's info")
     recall_effects: bool = Field(default=False, description="with recall, a step the offline data took in the same "
                                  "task from another state is answered by the env's rule for what the action shows "
-                                 "(EnvSpec.recorded_effect; TextWorld: opening a container shows what it holds), "
+                                 "(TextEnv.recorded_effect; TextWorld: opening a container shows what it holds), "
                                  "where the rule can say; counted (recalled_effects)")
     device: str = "cpu"
 
@@ -329,9 +329,11 @@ def load_dream(cfg: DreamConfig, env: str, env_kwargs: dict[str, Any], read_only
         exp_cfg = exp_cfg.with_protocol(**protocol)
     model = ExperienceModel.load(cfg.experience_model, buffer=buffer, cfg=exp_cfg.model_copy(update=overrides),
                                  device=cfg.device)
-    effect = env_hook(env, "recall_effects", "recorded_effect") if cfg.recall and cfg.recall_effects else None
-    model.recall = Recall.of(offline, effect) if cfg.recall else None
-    return model, make(env, **env_kwargs), InitialStates.from_trajectories(offline)
+    real = make(env, **env_kwargs)
+    if cfg.recall_effects and type(real).recorded_effect is TextEnv.recorded_effect:
+        raise ValueError(f"dream: recall_effects needs an env with a recorded_effect; {env!r} has none")
+    model.recall = Recall.of(offline, real.recorded_effect if cfg.recall_effects else None) if cfg.recall else None
+    return model, real, InitialStates.from_trajectories(offline)
 
 
 def open_dream(cfg: DreamConfig, env: str, env_kwargs: dict[str, Any], max_steps: int,

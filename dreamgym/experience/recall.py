@@ -13,7 +13,7 @@ outcome, made from the real trajectories the dream already holds (its ``offline_
 asks it before the model and generates only the rest (``DreamConfig.recall``), counting ``recalled`` steps; the
 dream marks them in their step info. No real transition is consumed: the table holds only the offline data.
 
-With an env's recorded effect (``EnvSpec.recorded_effect``, ``DreamConfig.recall_effects``) a step the data never
+With an env's recorded effect (``TextEnv.recorded_effect``, ``DreamConfig.recall_effects``) a step the data never
 took from this state, but took in the same task from another one, is answered by that rule from the first such
 record, where the rule can say (TextWorld: what opening a container shows; the dream's own opens wrote the recorded
 contents in 140 of 386 with the same game's open in the prompt, as many as "no ingredient" would:
@@ -34,7 +34,7 @@ from dreamgym.types import ExperiencePrediction, Trajectory
 
 Key = tuple[str, str, str]  # (task instruction, state, action)
 Outcome = tuple[str, float, bool, bool]  # (next state, reward, done, success)
-Effect = Callable[[str, str, str, str], "str | None"]  # EnvSpec.recorded_effect
+Effect = Callable[[str, str, str, str], "str | None"]  # TextEnv.recorded_effect
 
 
 class Recall:

@@ -5,13 +5,12 @@ player moves something in or out). The offline data opened the same container in
 dreamt opens it never made from that state (session 24), but the 1.3M M_exp does not copy it: shown the same game's
 open in its prompt (``ProtocolConfig.task_neighbours``), it writes the recorded contents for 140 of 386 of the dream's
 own opens, against 141 for "no ingredient" (benchmarks/results/open_probe_textworld_neighbour.json).
-:func:`open_effect`, TextWorld's ``EnvSpec.recorded_effect``, writes the page instead, as the game builds it
+:func:`open_effect` (``TextWorldEnv.recorded_effect``) writes the page instead, as the game builds it
 (:mod:`dreamgym.envs.textworld.state`), from the dreamt state and a real open of the same container in the same game:
 the recorded feedback ("You open the fridge, revealing ..."), the commands that open added for the container's contents
 (``take X from fridge``, ``examine X``) and the ``close`` that replaces the ``open``, and an ``insert Y into fridge`` for
 each item the dreamt state carries (its ``drop Y`` commands), not the recorded state's. Commands are listed in
-TextWorld's order (alphabetical; over the cap, the acting ones before ``examine``), capped at the most any of the
-three pages listed (the env's ``max_commands``, when a page reached it).
+TextWorld's order (alphabetical; over the env's ``max_commands``, the acting ones before ``examine``, then cut).
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ def _commands(elements: list[Element]) -> list[str]:
     return [e.text for e in elements if e.type == "command"]
 
 
-def open_effect(state: str, action: str, recorded_state: str, recorded_next_state: str) -> str | None:
+def open_effect(state: str, action: str, recorded_state: str, recorded_next_state: str, max_commands: int) -> str | None:
     """The page the game shows for ``open X`` from ``state``, given a real ``open X`` of the same game from
     ``recorded_state`` that showed ``recorded_next_state`` (see the module docstring); None for another action, an
     ``open X`` that neither page offers, or a record that did not open X (its page still offers it)."""
@@ -54,7 +53,7 @@ def open_effect(state: str, action: str, recorded_state: str, recorded_next_stat
     opened = [c for c in shown if c not in had and not c.startswith("insert ")]  # the contents, the close
     # the open itself goes; a command the record's next page lacks otherwise was cut by the cap, not by the open
     commands = sorted({*(c for c in have if c != action), *opened, *inserts})
-    commands = shown_commands(commands, max(len(have), len(had), len(shown)))
+    commands = shown_commands(commands, max_commands)
     items = [e for e in elements if e.type == "carrying"]
     numbered = any(e.id[1:] for e in elements if e.type == "command")  # TextEnv(numbered=False) writes [c]
 

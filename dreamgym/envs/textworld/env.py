@@ -23,6 +23,7 @@ from typing import Any
 
 from dreamgym.envs.base import TextEnv
 from dreamgym.envs.explain_diff import ParsedState
+from dreamgym.envs.textworld.effects import open_effect
 from dreamgym.envs.textworld.games import (
     DEFAULT_CHALLENGE,
     GameSpec,
@@ -202,6 +203,11 @@ class TextWorldEnv(TextEnv):
             return parsed.header, {k: v for k, v in parsed.elements.items() if k != "feedback"}
 
         return world(state) != world(next_state)
+
+    def recorded_effect(self, state: str, action: str, recorded_state: str, recorded_next_state: str) -> str | None:
+        """What opening a container shows, from a recorded open of it (:func:`~dreamgym.envs.textworld.effects.open_effect`,
+        capped at this env's ``max_commands``)."""
+        return open_effect(state, action, recorded_state, recorded_next_state, self.max_commands)
 
     # -- shutdown ----------------------------------------------------------------------------
     def _close_game(self) -> None:
