@@ -1,7 +1,7 @@
 """Does TextWorld's M_exp write what a container holds? Probed on a dream's own opens, beside answers that read nothing.
 
     python benchmarks/open_probe.py RUN/seed0 [RUN/seed0 ...] --rollouts RL_RUN [RL_RUN ...] [--computed-premises]
-        [--max-probes N] [--out FILE.json]
+        [--max-probes N] [--effect-max-commands N] [--out FILE.json]
 
 A TextWorld container shows what it holds only once opened, and a dream whose M_exp writes an empty fridge hides the
 recipe from its policy. The probes: every ``open X`` step of the RL runs' dreamt rollouts (``RL_RUN/rollouts``) that
@@ -12,7 +12,9 @@ every probe with the dream's own context (task, history, state, action). Its pag
 newly offers to take from X (``explain.revealed_ingredients``) and scored right when a recorded open of X in that game
 offered exactly those; beside the same score for two answers that read nothing: no ingredient, and every ingredient of
 the recipe (a model that writes the recipe into every container). Seed dirs after the first are paired with it probe
-by probe: won / lost and the sign test.
+by probe: won / lost and the sign test. ``--effect-max-commands N`` also scores TextWorld's recorded effect
+(``TextWorldEnv.recorded_effect``, ``DreamConfig.recall_effects``) on the runs' real opens: each answered from another
+episode's open of the same container in the same game, against the page the game showed.
 """
 
 from __future__ import annotations
@@ -56,6 +58,34 @@ def probes(runs: list[Path]) -> list[tuple[Any, list[str], set[frozenset[str]]]]
     return out
 
 
+def effect_on_real(runs: list[Path], max_commands: int) -> dict[str, int]:
+    """TextWorld's recorded effect (``TextWorldEnv.recorded_effect``) on the runs' real data: each real open, answered
+    from another episode's open of the same container in the same game (the first recorded), against the page the
+    game showed; beside the page left as it was (what a model that writes nothing new would match)."""
+    from dreamgym.envs.textworld.effects import open_effect
+
+    opens: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
+    for path in dict.fromkeys(p for run in runs for p in _offline_data(run)):
+        for where, traj in read_rollouts(Path(path)) or []:
+            for x in traj["transitions"]:
+                if str(x.get("action", "")).startswith("open ") and not x.get("done"):
+                    key = (str((traj.get("task") or {}).get("instruction", "")), str(x["action"]))
+                    opens.setdefault(key, []).append((where, str(x["state"]), str(x["next_state"])))
+    out = {"real_opens": 0, "with_another_record": 0, "answered": 0, "page_as_real": 0, "unchanged_as_real": 0}
+    for (_, action), rows in opens.items():
+        for where, state, real in rows:
+            out["real_opens"] += 1
+            other = next(((s, n) for w, s, n in rows if w != where), None)
+            if other is None:
+                continue
+            out["with_another_record"] += 1
+            page = open_effect(state, action, *other, max_commands)
+            out["answered"] += page is not None
+            out["page_as_real"] += page == real.strip()
+            out["unchanged_as_real"] += state.strip() == real.strip()
+    return out
+
+
 def score(seed_dir: Path, found: list[tuple[Any, list[str], set[frozenset[str]]]], premises: bool,
           seed: int) -> tuple[dict[str, Any], list[float]]:
     """The seed dir's M_exp on the probes: the report and its per-probe 1/0 (right or not)."""
@@ -94,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--computed-premises", action="store_true",
                     help="serve each M_exp with the env's computed trace premises, as the dream does")
     ap.add_argument("--max-probes", type=int, help="the first N probes only (default: all)")
+    ap.add_argument("--effect-max-commands", type=int, default=None,
+                    help="also score TextWorld's recorded effect on the runs' real opens, at this max_commands")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, help="the JSON report (default: print only)")
@@ -112,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         print("error: the runs' dreams generated no open that their real data also made", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
+    effect = None if args.effect_max_commands is None else effect_on_real(args.rollouts, args.effect_max_commands)
+    if effect is not None:
+        print(f"recorded effect on the real opens: {effect['page_as_real']} of {effect['with_another_record']} with "
+              f"another record give the game's page ({effect['answered']} answered; the page left unchanged: "
+              f"{effect['unchanged_as_real']})", flush=True)
     rows, first = [], None
     for d in args.seed_dirs:
         row, right = score(d, found, args.computed_premises, args.seed)
@@ -128,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"p = {row['vs_first']['sign_test_p']}" if "vs_first" in row else ""), flush=True)
     if args.out is not None:
         cmd = "python benchmarks/open_probe.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        args.out.write_text(json.dumps({"command": cmd, "probes": len(found), "seeds": rows}, indent=2))
+        args.out.write_text(json.dumps({"command": cmd, "probes": len(found), "seeds": rows,
+                                        "effect_on_real": effect}, indent=2))
     return 0
 
 

@@ -618,7 +618,10 @@ def test_open_probe_asks_m_exp_the_dreams_generated_opens_the_real_data_also_mad
                                                   done=False, info=info or {}) for a, page in steps])
 
     milk = "[c3] command: take milk from fridge"
-    real = [traj(0, cook, [("open fridge", milk)]), traj(1, cook, [("open fridge", milk)])]
+    opened = ("location: Kitchen\n[f] feedback: You open the fridge, revealing some milk.\n[i1] carrying: an egg\n"
+              "[c1] command: close fridge\n[c2] command: open cupboard\n[c3] command: take milk from fridge")
+    real = [Trajectory(traj_id=f"R{i}", task=Task(task_id=cook, instruction=cook, env="textworld"), transitions=[
+        Transition(state=kitchen, action="open fridge", next_state=opened, reward=0.0, done=False)]) for i in range(2)]
     write_jsonl(tmp_path / "real.jsonl", real)
     run = tmp_path / "dream"
     (run / "rollouts").mkdir(parents=True)
@@ -635,8 +638,8 @@ def test_open_probe_asks_m_exp_the_dreams_generated_opens_the_real_data_also_mad
     with ReplayBuffer.open(seed / "buffer", HashingEncoder()) as buffer:
         buffer.add_trajectories(real)
     out = tmp_path / "probe.json"
-    done = subprocess.run([sys.executable, str(script), str(seed), str(seed), "--rollouts", str(run), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, str(script), str(seed), str(seed), "--rollouts", str(run), "--out", str(out),
+                           "--effect-max-commands", "16"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
     assert report["probes"] == 1 and [r["probes"] for r in report["seeds"]] == [1, 1]
@@ -645,6 +648,9 @@ def test_open_probe_asks_m_exp_the_dreams_generated_opens_the_real_data_also_mad
     assert first["as_recorded"] == second["as_recorded"] in (0, 1) and first["protocol"]["task_neighbours"] is True
     assert second["vs_first"] == {"won": 0, "lost": 0, "sign_test_p": 1.0}  # the same M_exp, the same pages
     assert "of 1 dreamt opens offered the ingredients a recorded open did" in done.stdout
+    # the recorded effect, each real open answered from the other: the game's page; the page unchanged matches none
+    assert report["effect_on_real"] == {"real_opens": 2, "with_another_record": 2, "answered": 2, "page_as_real": 2,
+                                        "unchanged_as_real": 0}
     (run / "config.yaml").unlink()
     bad = subprocess.run([sys.executable, str(script), str(seed), "--rollouts", str(run)], capture_output=True,
                          text=True, timeout=120)
