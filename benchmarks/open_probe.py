@@ -98,6 +98,8 @@ def score(seed_dir: Path, found: list[tuple[Any, list[str], set[frozenset[str]]]
     if premises:
         exp_cfg = exp_cfg.with_protocol(computed_premises=True)
     model = ExperienceModel.load(seed_dir / "experience_model", buffer=buffer, cfg=exp_cfg)
+    served = [model.fit_layout(q, model.prompt(q)) for q in model.with_neighbours([q for q, _, _ in found])]
+    kept = sum(f is not None and f[0].k > 0 for f in served)  # prompts served with their (first) neighbour
     predictions = model.predict([q for q, _, _ in found], seed=seed)
     right, offered = [], 0
     for (query, needed, truth), p in zip(found, predictions, strict=True):
@@ -108,6 +110,7 @@ def score(seed_dir: Path, found: list[tuple[Any, list[str], set[frozenset[str]]]
     n = len(found)
     return {"seed_dir": str(seed_dir), "protocol": exp_cfg.protocol, "probes": n, "as_recorded": int(sum(right)),
             "as_recorded_share": round(sum(right) / n, 4), "offered_an_ingredient": offered,
+            "served_with_neighbour": kept,
             "if_none": sum(frozenset() in truth for _, _, truth in found),
             "if_all": sum(frozenset(needed) in truth for _, needed, truth in found),
             "model_stats": model.stats_dict()}, right
@@ -160,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"{d}: {row['as_recorded']} of {row['probes']} dreamt opens offered the ingredients a recorded open did "
               f"(no ingredient would match {row['if_none']}, every one {row['if_all']}); "
-              f"{row['offered_an_ingredient']} offered one"
+              f"{row['offered_an_ingredient']} offered one; {row['served_with_neighbour']} prompts kept a neighbour"
               + (f"; against {args.seed_dirs[0]}: {row['vs_first']['won']} won, {row['vs_first']['lost']} lost, "
                  f"p = {row['vs_first']['sign_test_p']}" if "vs_first" in row else ""), flush=True)
     if args.out is not None:

@@ -646,6 +646,7 @@ def test_open_probe_asks_m_exp_the_dreams_generated_opens_the_real_data_also_mad
     first, second = report["seeds"]
     assert (first["if_none"], first["if_all"]) == (0, 0)  # the fridge held the milk alone
     assert first["as_recorded"] == second["as_recorded"] in (0, 1) and first["protocol"]["task_neighbours"] is True
+    assert first["served_with_neighbour"] == 1  # the short prompt keeps the same game's open
     assert second["vs_first"] == {"won": 0, "lost": 0, "sign_test_p": 1.0}  # the same M_exp, the same pages
     assert "of 1 dreamt opens offered the ingredients a recorded open did" in done.stdout
     # the recorded effect, each real open answered from the other: the game's page; the page unchanged matches none
