@@ -3,6 +3,9 @@ it, on the shop: tests/test_dream.py.)"""
 
 from __future__ import annotations
 
+import pydantic
+import pytest
+
 from dreamgym.experience.protocol import ExperienceQuery
 from dreamgym.experience.recall import Recall
 from dreamgym.types import Task, Trajectory, Transition
@@ -54,6 +57,11 @@ def test_an_effect_rule_carries_a_recorded_action_over_to_another_state_of_the_t
     assert recall(ExperienceQuery("make tea", [], [], "hall", "drink tea")) is None  # only an ending recorded
     assert recall(ExperienceQuery("make tea", [], [], "locked hall", "open kettle")) is None  # the rule cannot say
     assert Recall.of([_traj("1", [a])])(ExperienceQuery("make tea", [], [], "hall", "open kettle")) is None  # no rule
+    from dreamgym.experience.dream import DreamConfig
+
+    with pytest.raises(pydantic.ValidationError, match="set recall too"):
+        DreamConfig(experience_model="m", offline_data=["d.jsonl"], recall_effects=True)
+    assert DreamConfig(experience_model="m", offline_data=["d.jsonl"], recall=True, recall_effects=True).recall_effects
 
 
 def test_written_rollouts_say_which_dreamt_steps_were_recalled() -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dreamgym.envs.base import TextEnv
 from dreamgym.envs.pool import PoolHooks, StepResult, info_essentials
@@ -297,6 +297,12 @@ class DreamConfig(BaseModel):
                                  "(TextEnv.recorded_effect; TextWorld: opening a container shows what it holds), "
                                  "where the rule can say; counted (recalled_effects)")
     device: str = "cpu"
+
+    @model_validator(mode="after")
+    def _effects_need_recall(self) -> DreamConfig:
+        if self.recall_effects and not self.recall:
+            raise ValueError("recall_effects answers through recall: set recall too")
+        return self
 
 
 def load_dream(cfg: DreamConfig, env: str, env_kwargs: dict[str, Any], read_only: bool = False
