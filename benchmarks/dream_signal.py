@@ -248,13 +248,20 @@ def _offline_data(run: Path) -> list[str]:
 
 
 @functools.cache
-def _recorded_of(paths: tuple[str, ...]) -> Reveals | None:
-    """:func:`recorded_reveals` of the files (read once for every run given them); None without files."""
+def offline_trajs(paths: tuple[str, ...]) -> list[tuple[str, dict[str, Any]]]:
+    """The trajectories of a run's real data files (read once for every run and count given them)."""
     trajs = []
     for path in paths:
         if (read := read_rollouts(Path(path))) is None:
             raise BadInput(f"{path}: the run's offline data is not there")
         trajs += read
+    return trajs
+
+
+@functools.cache
+def _recorded_of(paths: tuple[str, ...]) -> Reveals | None:
+    """:func:`recorded_reveals` of the files; None without files."""
+    trajs = offline_trajs(paths)
     return recorded_reveals(trajs) if trajs else None
 
 

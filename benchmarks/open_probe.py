@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from dream_signal import BadInput, _offline_data, _recalled, _recorded_of, read_rollouts
+from dream_signal import BadInput, _offline_data, _recalled, _recorded_of, offline_trajs, read_rollouts
 
 
 def probes(runs: list[Path]) -> list[tuple[Any, list[str], set[frozenset[str]]]]:
@@ -66,7 +66,7 @@ def effect_on_real(runs: list[Path], max_commands: int) -> dict[str, int]:
 
     opens: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
     for path in dict.fromkeys(p for run in runs for p in _offline_data(run)):
-        for where, traj in read_rollouts(Path(path)) or []:
+        for where, traj in offline_trajs((path,)):
             for x in traj["transitions"]:
                 if str(x.get("action", "")).startswith("open ") and not x.get("done"):
                     key = (str((traj.get("task") or {}).get("instruction", "")), str(x["action"]))
@@ -98,9 +98,10 @@ def score(seed_dir: Path, found: list[tuple[Any, list[str], set[frozenset[str]]]
     if premises:
         exp_cfg = exp_cfg.with_protocol(computed_premises=True)
     model = ExperienceModel.load(seed_dir / "experience_model", buffer=buffer, cfg=exp_cfg)
-    served = [model.fit_layout(q, model.prompt(q)) for q in model.with_neighbours([q for q, _, _ in found])]
+    queries = model.with_neighbours([q for q, _, _ in found])  # retrieved once: predict keeps filled neighbours
+    served = [model.fit_layout(q, model.prompt(q)) for q in queries]
     kept = sum(f is not None and f[0].k > 0 for f in served)  # prompts served with their (first) neighbour
-    predictions = model.predict([q for q, _, _ in found], seed=seed)
+    predictions = model.predict(queries, seed=seed)
     right, offered = [], 0
     for (query, needed, truth), p in zip(found, predictions, strict=True):
         revealed = revealed_ingredients(query.state, query.action, p.next_state, needed) or []

@@ -77,9 +77,8 @@ class Recall:
         if outcome is not None:
             next_state, reward, done, success = outcome
             return ExperiencePrediction(None, next_state, reward, done, success, recalled=True)
-        record = self.by_action.get((query.instruction, query.action)) if self.effect is not None else None
-        page = None if record is None or self.effect is None else self.effect(query.state, query.action, *record[:2])
-        if record is None or page is None:
+        record = self.by_action.get((query.instruction, query.action))  # empty without an effect rule
+        if record is None or self.effect is None or (page := self.effect(query.state, query.action, *record[:2])) is None:
             return None
         self.effects += 1
         return ExperiencePrediction(None, page, record[2], False, False, recalled=True)

@@ -15,17 +15,10 @@ TextWorld's order (alphabetical; over the env's ``max_commands``, the acting one
 
 from __future__ import annotations
 
-from dreamgym.envs.base import Element, format_elements
+from dreamgym.envs.base import Element, format_elements, parse_elements
 from dreamgym.envs.textworld.state import shown_commands
 
 _OPEN = "open "
-
-
-def _page(text: str) -> tuple[str, list[Element]]:
-    """A page's header line and its elements (lines that are not elements are dropped)."""
-    lines = text.strip().splitlines()
-    header = lines[0] if lines and Element.parse(lines[0]) is None else ""
-    return header, [e for line in lines if (e := Element.parse(line)) is not None]
 
 
 def _commands(elements: list[Element]) -> list[str]:
@@ -39,9 +32,9 @@ def open_effect(state: str, action: str, recorded_state: str, recorded_next_stat
     if not action.startswith(_OPEN):
         return None
     container = action.removeprefix(_OPEN)
-    header, elements = _page(state)
-    _, before = _page(recorded_state)
-    _, after = _page(recorded_next_state)
+    elements, before, after = parse_elements(state), parse_elements(recorded_state), parse_elements(recorded_next_state)
+    first = state.strip().splitlines()[:1]
+    header = first[0] if first and Element.parse(first[0]) is None else None  # "location: Kitchen"
     have, had, shown = _commands(elements), _commands(before), _commands(after)
     if action not in have or action not in had or action in shown:
         return None
@@ -63,4 +56,4 @@ def open_effect(state: str, action: str, recorded_state: str, recorded_next_stat
     out = [Element("f", "feedback", feedback),
            *(Element(i, "carrying", e.text) for i, e in zip(ids("i", len(items)), items, strict=True)),
            *(Element(i, "command", c) for i, c in zip(ids("c", len(commands)), commands, strict=True))]
-    return format_elements(out, header=header or None)
+    return format_elements(out, header=header)
