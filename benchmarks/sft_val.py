@@ -50,10 +50,16 @@ def main() -> None:
             sys.exit(2)
         args.offline.parent.mkdir(parents=True, exist_ok=True)
         collect_episodes(cfg, args.offline, cfg.offline_episodes, "train", cfg.seed)
-    summary = train_bc([args.offline], cfg.policy_model, args.out, SFTConfig(**cfg.sft), PolicyConfig(**cfg.policy),
+    # with bc_extra, the extra behaviours' episodes where the bench's collect_extra stage writes them
+    extra = [args.offline.parent / "offline_extra" / f"{i}.jsonl" for i in range(len(cfg.extra_behaviour))] \
+        if cfg.bc_extra else []
+    if missing := [str(p) for p in extra if not p.is_file()]:
+        print(f"sft_val.py: bc_extra: {missing[0]}: no such file (run the bench's collect_extra stage)", file=sys.stderr)
+        sys.exit(2)
+    summary = train_bc([args.offline, *extra], cfg.policy_model, args.out, SFTConfig(**cfg.sft), PolicyConfig(**cfg.policy),
                        decision_repeat=cfg.bc_decision_repeat, on_path_only=cfg.bc_on_path,
                        final_repeat=cfg.bc_final_repeat)
-    fields = ("policy_model", "policy", "sft", "bc_decision_repeat", "bc_on_path", "bc_final_repeat", "seed")
+    fields = ("policy_model", "policy", "sft", "bc_decision_repeat", "bc_on_path", "bc_final_repeat", "bc_extra", "seed")
     record = {"command": "python benchmarks/sft_val.py " + " ".join(sys.argv[1:]),
               "config": {k: getattr(cfg, k) for k in fields},
               "summary": {k: summary.get(k) for k in ("examples", "steps", "epochs", "train_loss", "seconds")}}

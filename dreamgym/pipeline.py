@@ -209,6 +209,10 @@ class DemoConfig(BaseModel):
                                  "trajectory (the shop: the purchase) this many times (bc_examples' final_repeat); "
                                  "with the options x12 from pretrained-policy, the purchase cloned once is so rare "
                                  "that a quarter of the val episodes never buy")
+    bc_extra: bool = Field(default=False, description="the SFT warm start also clones the extra behaviours' episodes "
+                           "(extra_behaviour; otherwise M_exp's data only), under the same rules: with bc_on_path "
+                           "false, TextWorld's hasty episodes show the oracle's answer to a refused 'prepare meal' "
+                           "(journal, session 30)")
     # RL: the settings that raised the real shop's success on 3 of 3 seeds (benchmarks/results/shop_rl.json)
     rl: dict[str, Any] = Field(default_factory=lambda: {"iterations": 6, "tasks_per_iter": 8, "group_size": 8,
                                                         "lr": 1e-4, "normalize_std": False, "turn_weighting": "episode",
@@ -301,7 +305,7 @@ EXP_FIELDS = ("exp_model", "exp_protocol", "exp_sft", "exp_mixture", "exp_reward
 STAGES: dict[str, Stage] = {
     "collect": Stage("collect offline data", ("env", "env_kwargs", "seed", "offline_episodes", "offline_file",
                                               "collect_policy", "noise"), (), ("offline.jsonl",)),
-    # M_exp's data only: the policy's SFT, which clones offline.jsonl, does not wait on (or redo for) it
+    # M_exp's data, and the policy's SFT's with bc_extra only: without it SFT does not wait on (or redo for) it
     "collect_extra": Stage("collect the extra behaviours' episodes", ("extra_behaviour",), ("collect",),
                            ("offline_extra",)),
     "annotate": Stage("annotate reasoning", ("annotator", "annotator_llm", "annotator_options"),
@@ -312,8 +316,8 @@ STAGES: dict[str, Stage] = {
     "fidelity": Stage("fidelity of the experience model", ("heldout_episodes", "heldout_noise"), ("train_exp",),
                       ("heldout.jsonl", "heldout_annotated.jsonl", "fidelity.json")),
     "sft": Stage("SFT warm start", ("policy_model", "policy", "sft", "bc_decision_repeat", "bc_on_path", "bc_final_repeat",
-                                    "eval_episodes", "max_steps", "eval_num_envs"),
-                 ("collect",), ("sft",)),
+                                    "bc_extra", "eval_episodes", "max_steps", "eval_num_envs"),
+                 ("collect", "collect_extra"), ("sft",)),
     "grpo_real": Stage("GRPO in the real env", ("rl",), ("sft",), ("grpo_real",)),
     "dreamgym": Stage("DreamGym", ("rl", "dream", "dream_iterations"), ("sft", "train_exp"),
                       ("dreamgym", "dream_buffer", "dream_buffer.partial")),
@@ -339,6 +343,13 @@ STAGES: dict[str, Stage] = {
 }
 
 
+def stage_inputs(cfg: DemoConfig, name: str) -> tuple[str, ...]:
+    """The stages whose outputs stage ``name`` reads under ``cfg``: its :data:`STAGES` ``inputs``, less
+    collect_extra for an SFT without ``bc_extra`` (which clones offline.jsonl only)."""
+    inputs = STAGES[name].inputs
+    return tuple(s for s in inputs if s != "collect_extra") if name == "sft" and not cfg.bc_extra else inputs
+
+
 def active_stages(cfg: DemoConfig) -> list[str]:
     """The stages ``cfg`` runs, in :data:`STAGES` order: sft, the rows' stages, fidelity (when ``heldout_episodes``)
     and every stage these take outputs from (:data:`ROW_NEEDS`, each stage's ``inputs``), so that rows without a
@@ -350,7 +361,7 @@ def active_stages(cfg: DemoConfig) -> list[str]:
         name = todo.pop()
         if name not in wanted:
             wanted.add(name)
-            todo += [*STAGES[name].inputs, *ROW_NEEDS.get(name, ())]
+            todo += [*stage_inputs(cfg, name), *ROW_NEEDS.get(name, ())]
     if not (cfg.extra_behaviour and cfg.offline_file is None):
         wanted.discard("collect_extra")
     return [name for name in STAGES if name in wanted]
@@ -359,7 +370,7 @@ def active_stages(cfg: DemoConfig) -> list[str]:
 # Fields added after benches were committed, with the value that does what the code did before them: at that
 # value a field is left out of its stage's key, so the committed benches' stages stay reusable (and a seed's rerun
 # can still reproduce them); any other value is in the key like every field.
-LATE_FIELDS: dict[str, Any] = {"bc_final_repeat": 1, "exp_reward_head": False, "exp_reserve_prompt": False,
+LATE_FIELDS: dict[str, Any] = {"bc_final_repeat": 1, "bc_extra": False, "exp_reward_head": False, "exp_reserve_prompt": False,
                                "annotator_options": {}}
 # Until session 20 one stage collected offline.jsonl and the extra behaviours' episodes: collect's key keeps the
 # value most runs had then, so that their collect and SFT stages stay reusable.
@@ -380,7 +391,7 @@ def stage_keys(cfg: DemoConfig) -> dict[str, dict[str, Any]]:
     for name, stage in STAGES.items():
         inputs = _flatten({f: values[f] for f in stage.fields if f not in LATE_FIELDS or values[f] != LATE_FIELDS[f]})
         inputs.update(_flatten(FROZEN_FIELDS.get(name, {})))
-        inputs.update({f"stage {s}": keys[s]["hash"] for s in stage.inputs if s not in skipped})
+        inputs.update({f"stage {s}": keys[s]["hash"] for s in stage_inputs(cfg, name) if s not in skipped})
         digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
         keys[name] = {"hash": digest, "inputs": inputs}
     return keys
@@ -639,7 +650,7 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
     (out / "demo_config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
     env = cfg.env
     offline, annotated, exp_dir, sft_dir = out / "offline.jsonl", out / "offline_annotated.jsonl", out / "experience_model", out / "sft"
-    # the extra behaviours' episodes (M_exp's data only), one file each; none with the user's own offline_file
+    # the extra behaviours' episodes (M_exp's data; SFT's with bc_extra), one file each; none with the user's own offline_file
     extra = [out / "offline_extra" / f"{i}.jsonl" for i in range(len(cfg.extra_behaviour))] if cfg.offline_file is None else []
     total = len(active)
     numbered = iter(f"{i}/{total}" for i in range(1, total + 1))
@@ -676,7 +687,7 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
 
     def sft() -> dict[str, Any]:
         if not (sft_dir / "summary.json").exists():
-            train_bc([offline], cfg.policy_model, sft_dir, SFTConfig(**cfg.sft), policy_cfg,
+            train_bc([offline, *(extra if cfg.bc_extra else [])], cfg.policy_model, sft_dir, SFTConfig(**cfg.sft), policy_cfg,
                      decision_repeat=cfg.bc_decision_repeat, on_path_only=cfg.bc_on_path,
                      final_repeat=cfg.bc_final_repeat)
         t0 = time.monotonic()

@@ -153,6 +153,13 @@ def test_extra_behaviour_is_collected_apart_for_the_experience_model(tmp_path: P
     assert "stage collect_extra" in keys["annotate"]["inputs"]
     assert set(none["annotate"]["inputs"]) == {"annotator", "annotator_llm", "stage collect"}
     assert none["collect"]["inputs"]["extra_behaviour"] == keys["collect"]["inputs"]["extra_behaviour"] == []
+    # bc_extra: the SFT clones them too, so its stage waits on them and its key moves with them
+    cloned = micro(offline_episodes=4, extra_behaviour=[{"share": 0.5, "noise": 1.0}], bc_extra=True)
+    assert stage_keys(cloned)["sft"]["inputs"]["stage collect_extra"] == keys["collect_extra"]["hash"]
+    assert stage_keys(cloned)["sft"]["inputs"]["bc_extra"] is True and "bc_extra" not in keys["sft"]["inputs"]
+    real = {"rows": ["sft", "grpo_real"], "heldout_episodes": 0}
+    assert active_stages(cloned.model_copy(update=real)) == ["collect", "collect_extra", "sft", "grpo_real"]
+    assert active_stages(cfg.model_copy(update=real)) == ["collect", "sft", "grpo_real"]
     with pytest.raises(ValueError, match="share"):
         micro(extra_behaviour=[{"share": 0, "noise": 0.8}])
 

@@ -156,6 +156,38 @@ def test_val_metric_counts_ingredients_taken_not_positions(env: TextWorldEnv) ->
     assert module.first_choice(wrong) == {**oracle, "took_ingredient": 0.0}
 
 
+def test_refusal_metric_counts_a_policy_that_repeats_a_refused_prepare(cache_dir: Path) -> None:
+    """benchmarks/textworld_policy_val.py's ``refusals``: the hasty policy's refused prepares are answered by the
+    oracle with another command (never repeated; every episode won); the same episode with its first refusal
+    repeated until the step limit, as the greedy SFT policy plays, counts every repeat and ends in a ``loop``."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "textworld_policy_val.py"
+    module_spec = importlib.util.spec_from_file_location("textworld_policy_val", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    env = make("textworld", **TWO_INGREDIENTS, cache_dir=str(cache_dir / "probe"))
+    policy = env.scripted_policy("hasty", seed=0, noise=0.0, early=1.0, swap=0.0)
+    trajs = [run_episode(env, policy, task=task, seed=0) for task in env.tasks("train")]
+    hasty = module.refusals(env, trajs)
+    assert hasty["prepare_meal_no_effect"] == hasty["no_effect"] >= 1 and hasty["no_effect_followed"] >= 1
+    assert hasty["repeated"] == 0 and hasty["repeat_rate"] == 0.0
+    assert hasty["endings"] == {"won": len(trajs), "lost": 0, "loop": 0, "unfinished": 0}
+    traj = trajs[0]
+    first = next(i for i, x in enumerate(traj.transitions) if x.action == "prepare meal" and x.info.get("detour"))
+    refused = traj.transitions[first]
+    again = [refused.model_copy(update={"state": refused.next_state, "info": {}}) for _ in range(3)]
+    again[-1] = again[-1].model_copy(update={"done": True, "info": {"truncated": True}})
+    looped = traj.model_copy(update={"transitions": [*traj.transitions[:first + 1], *again], "success": False})
+    loop = module.refusals(env, [looped])
+    assert loop["repeated"] == loop["no_effect_followed"] == loop["no_effect"] == 3 and loop["repeat_rate"] == 1.0
+    assert loop["endings"] == {"won": 0, "lost": 0, "loop": 1, "unfinished": 0}
+    cut = looped.model_copy(update={"transitions": [*traj.transitions[:first + 1], again[-1]]})  # one repeat only
+    assert module.refusals(env, [cut])["endings"]["unfinished"] == 1
+    env.close()
+
+
 def test_noisy_and_random_policies(env: TextWorldEnv) -> None:
     noisy = evaluate_scripted(env, env.scripted_policy("noisy", seed=1, noise=0.3), episodes=3, split="train")
     assert noisy.success_rate > 0 and noisy.invalid_action_rate == 0.0
