@@ -1,7 +1,7 @@
 """A TextWorld policy on val: success beside the random policy's, and whether it takes the recipe's ingredients.
 
     python benchmarks/textworld_policy_val.py --config CONFIG RUN [RUN ...] [--episodes 30] [--split val]
-        [--env-arg num_val_games=100] [--out FILE.json]
+        [--env-arg num_val_games=100] [--baseline RUN [RUN ...]] [--out FILE.json]
 
 Each RUN (a policy run dir, e.g. from ``benchmarks/sft_val.py --set env=textworld``) plays the config's val games
 greedily (``dreamgym.rl.evaluate.run_eval_episodes``, seed 0), as the bench's SFT stage plays test. Beside success,
@@ -14,7 +14,9 @@ a policy far better there than on val has learnt its games, not the recipe).
 
 Beside them, whether the policy repeats a command the game refused (:func:`refusals`): the refused steps, how many it
 answered with the same command, and each episode's ending (won, lost, a loop of one refused command cut at the step
-limit, unfinished), with the random policy's on the same games as the baseline.
+limit, unfinished), with the random policy's on the same games as the baseline. With ``--baseline`` (one run per RUN,
+e.g. each seed's SFT before a change), the RUNs' val success against theirs, paired on the same games: the mean
+difference with its 95% CI (bootstrap over seeds, then games) and a sign test.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from dreamgym.envs import make
 from dreamgym.envs.base import TextEnv
 from dreamgym.envs.textworld.state import take_step
 from dreamgym.pipeline import demo_config
+from dreamgym.stats import bootstrap_ci, paired_bootstrap_ci, sign_test
 from dreamgym.types import Trajectory
 
 
@@ -101,6 +104,10 @@ def main() -> None:
     ap.add_argument("--split", choices=("val", "train"), default="val", help="never test: settings are chosen here")
     ap.add_argument("--env-arg", dest="env_args", action="append", default=[], metavar="KEY=VALUE",
                     help="an env_kwargs entry (YAML value), e.g. num_val_games=100 (rl_val.py's val games); repeatable")
+    ap.add_argument("--baseline", type=Path, nargs="+", default=[],
+                    help="one policy run dir per RUN, in the same order (e.g. each seed's SFT of the config before a "
+                         "change): each is played too, and the RUNs' success is compared with theirs on the same "
+                         "games, paired (bootstrap over seeds and games, a sign test)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     from dreamgym.agent.policy import load_policy
@@ -114,7 +121,9 @@ def main() -> None:
             if not eq or not key:
                 raise ValueError(f"--env-arg expects KEY=VALUE, got {item!r}")
             cfg.env_kwargs[key] = yaml.safe_load(text)
-        missing = [str(r) for r in args.runs if not (r / "summary.json").is_file()]
+        if args.baseline and len(args.baseline) != len(args.runs):
+            raise ValueError(f"--baseline takes one run per RUN: {len(args.runs)} runs, {len(args.baseline)} baselines")
+        missing = [str(r) for r in [*args.runs, *args.baseline] if not (r / "summary.json").is_file()]
         if missing:
             raise ValueError(f"not a policy run dir: {', '.join(missing)}")
     except ValueError as e:
@@ -128,11 +137,13 @@ def main() -> None:
                               "split": args.split, "episodes": args.episodes,
                               "random_policy_success": rand.success_rate,
                               "random_policy_refusals": refusals(env, rand_trajs), "runs": {}}
-    for run in args.runs:
+    per_task: dict[Path, list[float]] = {}
+    for run in [*args.runs, *(b for b in args.baseline if b not in args.runs)]:
         policy = load_policy(run)
         played = run_eval_episodes(policy, env_factory("textworld", **cfg.env_kwargs), args.split, args.episodes,
                                    seed=0, max_steps=cfg.max_steps)
         trajs = [e.to_trajectory(policy.name) for e in played]
+        per_task[run] = [float(t.success) for t in trajs]  # the same games in the same order for every run
         trained = json.loads((run / "summary.json").read_text())
         made = run / "sft_val.json"  # benchmarks/sft_val.py's record: its command and the config fields it used
         result["runs"][str(run)] = {**summarize(trajs).to_dict(), **first_choice(trajs),
@@ -143,10 +154,22 @@ def main() -> None:
         f, rf = r["refusals"], result["random_policy_refusals"]
         print(f"{run}: success {r['success_rate']:.3f} (random policy {rand.success_rate:.3f}); first take an "
               f"ingredient {r['took_ingredient']} (random pick {r['random_pick_baseline']}); {f['no_effect']} of "
-              f"{f['steps']} valid steps refused ({f['prepare_meal_no_effect']} prepares), the same command again "
+              f"{f['steps']} valid steps changed nothing ({f['prepare_meal_no_effect']} refused prepares), the same "
+              f"command again "
               f"after {f['repeated']} of {f['no_effect_followed']} (random policy {rf['repeated']} of "
               f"{rf['no_effect_followed']}); endings {f['endings']}")
     env.close()
+    if args.baseline:
+        runs, bases = [per_task[r] for r in args.runs], [per_task[b] for b in args.baseline]
+        test = sign_test([x for r in runs for x in r], [x for b in bases for x in b])
+        result["against_baseline"] = {"pairs": [[str(r), str(b)] for r, b in zip(args.runs, args.baseline, strict=True)],
+                                      "success": bootstrap_ci(runs), "baseline_success": bootstrap_ci(bases),
+                                      "difference": paired_bootstrap_ci(runs, bases), "sign_test": test}
+        c = result["against_baseline"]
+        print(f"runs {c['success']['mean']:.3f} [{c['success']['ci_low']:.3f}, {c['success']['ci_high']:.3f}] against "
+              f"baselines {c['baseline_success']['mean']:.3f}: {c['difference']['mean']:+.3f} "
+              f"[{c['difference']['ci_low']:+.3f}, {c['difference']['ci_high']:+.3f}] (won {test['a_better']}, lost "
+              f"{test['b_better']}, sign test p = {test['p']:.2g})")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 
