@@ -68,7 +68,7 @@ def refusals(env: TextEnv, trajs: list[Trajectory], loop: int = 3) -> dict[str, 
     something."), the ``prepare meal`` ones apart, and how many of the refused steps the policy answered with the same
     command again. Greedy, a deterministic policy in an unchanged state writes the same command: the state after a
     refusal differs from the one before only in its feedback line, which the cloned oracle never saw. And each
-    episode by its ending: ``won``, ``lost`` (the game ended it: an ingredient eaten), ``loop`` (cut at the step
+    episode by its ending: ``won``, ``lost`` (the game ended it, e.g. an ingredient eaten), ``loop`` (cut at the step
     limit after repeating one refused command ``loop`` times or more) or ``unfinished``."""
     c = {"steps": 0, "no_effect": 0, "prepare_meal": 0, "prepare_meal_no_effect": 0, "no_effect_followed": 0,
          "repeated": 0}
@@ -155,8 +155,7 @@ def main() -> None:
         print(f"{run}: success {r['success_rate']:.3f} (random policy {rand.success_rate:.3f}); first take an "
               f"ingredient {r['took_ingredient']} (random pick {r['random_pick_baseline']}); {f['no_effect']} of "
               f"{f['steps']} valid steps changed nothing ({f['prepare_meal_no_effect']} refused prepares), the same "
-              f"command again "
-              f"after {f['repeated']} of {f['no_effect_followed']} (random policy {rf['repeated']} of "
+              f"command again after {f['repeated']} of {f['no_effect_followed']} (random policy {rf['repeated']} of "
               f"{rf['no_effect_followed']}); endings {f['endings']}")
     env.close()
     if args.baseline:

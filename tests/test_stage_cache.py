@@ -160,6 +160,8 @@ def test_extra_behaviour_is_collected_apart_for_the_experience_model(tmp_path: P
     real = {"rows": ["sft", "grpo_real"], "heldout_episodes": 0}
     assert active_stages(cloned.model_copy(update=real)) == ["collect", "collect_extra", "sft", "grpo_real"]
     assert active_stages(cfg.model_copy(update=real)) == ["collect", "sft", "grpo_real"]
+    with pytest.raises(ValueError, match="bc_extra clones the extra behaviours' episodes"):
+        micro(bc_extra=True, extra_behaviour=[])
     with pytest.raises(ValueError, match="share"):
         micro(extra_behaviour=[{"share": 0, "noise": 0.8}])
 
