@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dreamgym.agent.policy import PolicyConfig
 from dreamgym.baselines.sft import train_bc
 from dreamgym.cli.train import parse_overrides
-from dreamgym.pipeline import collect_episodes, demo_config
+from dreamgym.pipeline import collect_episodes, demo_config, extra_files
 from dreamgym.sft import SFTConfig
 
 
@@ -51,8 +51,7 @@ def main() -> None:
         args.offline.parent.mkdir(parents=True, exist_ok=True)
         collect_episodes(cfg, args.offline, cfg.offline_episodes, "train", cfg.seed)
     # with bc_extra, the extra behaviours' episodes where the bench's collect_extra stage writes them
-    extra = [args.offline.parent / "offline_extra" / f"{i}.jsonl" for i in range(len(cfg.extra_behaviour))] \
-        if cfg.bc_extra else []
+    extra = extra_files(cfg, args.offline.parent) if cfg.bc_extra else []
     if missing := [str(p) for p in extra if not p.is_file()]:
         print(f"sft_val.py: bc_extra: {missing[0]}: no such file (run the bench's collect_extra stage)", file=sys.stderr)
         sys.exit(2)

@@ -354,6 +354,13 @@ def stage_inputs(cfg: DemoConfig, name: str) -> tuple[str, ...]:
     return tuple(s for s in inputs if s != "collect_extra") if name == "sft" and not cfg.bc_extra else inputs
 
 
+def extra_files(cfg: DemoConfig, out: Path) -> list[Path]:
+    """The extra behaviours' episodes of run dir ``out`` (M_exp's data; SFT's with ``bc_extra``), one file each; none
+    with the user's own ``offline_file``."""
+    return [out / "offline_extra" / f"{i}.jsonl" for i in range(len(cfg.extra_behaviour))] \
+        if cfg.offline_file is None else []
+
+
 def active_stages(cfg: DemoConfig) -> list[str]:
     """The stages ``cfg`` runs, in :data:`STAGES` order: sft, the rows' stages, fidelity (when ``heldout_episodes``)
     and every stage these take outputs from (:data:`ROW_NEEDS`, each stage's ``inputs``), so that rows without a
@@ -654,8 +661,7 @@ def run_demo(cfg: DemoConfig, out: Path, force: bool = False) -> list[dict[str, 
     (out / "demo_config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
     env = cfg.env
     offline, annotated, exp_dir, sft_dir = out / "offline.jsonl", out / "offline_annotated.jsonl", out / "experience_model", out / "sft"
-    # the extra behaviours' episodes (M_exp's data; SFT's with bc_extra), one file each; none with the user's own offline_file
-    extra = [out / "offline_extra" / f"{i}.jsonl" for i in range(len(cfg.extra_behaviour))] if cfg.offline_file is None else []
+    extra = extra_files(cfg, out)
     total = len(active)
     numbered = iter(f"{i}/{total}" for i in range(1, total + 1))
 
